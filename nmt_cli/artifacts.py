@@ -1,0 +1,201 @@
+"""What every stage writes and reads on disk: atomic files, text lines, folders with a manifest.
+
+A stage's output folder is only valid once its `manifest.json` exists. The manifest is written last
+and atomically, and a stage deletes any old manifest before it starts writing, so a crash or an
+error leaves a folder that the next stage refuses instead of half-read files. The next stage calls
+`read_manifest`, which also checks that every output the manifest lists still has its recorded size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from nmt_cli import __version__
+from nmt_cli.config import dump_yaml, to_dict
+from nmt_cli.errors import NmtError
+
+MANIFEST = "manifest.json"
+
+
+@contextlib.contextmanager
+def atomic_writer(path: Path, mode: str = "wb") -> Iterator[IO]:
+    """Write `path` through a temporary file in the same folder: fsync, then rename over `path`.
+
+    Readers see the old file or the whole new one, never a part; a crash leaves at most a stray
+    `.tmp` file, which is removed on the next attempt's failure path or ignored.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        encoding = None if "b" in mode else "utf-8"
+        with os.fdopen(fd, mode, encoding=encoding) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    with atomic_writer(path, "w") as f:
+        f.write(text)
+
+
+def _fsync_dir(folder: Path) -> None:
+    with contextlib.suppress(OSError):  # not every filesystem lets a folder be fsynced
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk_bytes):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def count_lines(path: Path, chunk_bytes: int = 1 << 22) -> int:
+    """Lines as `wc -l` counts them, plus a last line without a newline."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(chunk_bytes):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+def read_lines(path: Path, errors: str = "strict") -> Iterator[str]:
+    """Yield the lines of a UTF-8 text file without their line ending, streaming.
+
+    Only LF ends a line (a CRLF ending loses its CR too), so a stray CR, form feed or U+2028 inside
+    a line never changes the line count. Invalid UTF-8 raises NmtError naming the file and line
+    unless `errors="replace"`.
+    """
+    try:
+        f = open(path, "rb")  # noqa: SIM115 (closed by the with below, after the error mapping)
+    except FileNotFoundError:
+        raise NmtError(f"{path} does not exist") from None
+    except OSError as e:
+        raise NmtError(f"cannot read {path}: {e.strerror}") from None
+    with f:
+        for number, raw in enumerate(f, start=1):
+            raw = raw.rstrip(b"\n")
+            if raw.endswith(b"\r"):
+                raw = raw[:-1]
+            try:
+                yield raw.decode("utf-8", errors=errors)
+            except UnicodeDecodeError as e:
+                raise NmtError(
+                    f"{path}, line {number}: invalid UTF-8 (byte {e.start + 1} of the line); "
+                    "convert the file to UTF-8 (e.g. with iconv) or pass --set invalid_utf8=replace"
+                ) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage output folders
+
+
+def file_record(path: Path, checksum: bool = False) -> dict[str, Any]:
+    record: dict[str, Any] = {"bytes": path.stat().st_size}
+    if checksum:
+        record["sha256"] = sha256_file(path)
+    return record
+
+
+class StageOutput:
+    """The output folder of one stage run; the manifest is written only if the run succeeds.
+
+    >>> with StageOutput(out, "bpe", cfg) as stage:
+    ...     write files into out, then stage.add_output("train.en")
+    ...     stage.info["vocab_size"] = 37000
+    """
+
+    def __init__(self, out: Path, stage: str, cfg: Any) -> None:
+        self.out, self.stage, self.cfg = Path(out), stage, cfg
+        self.inputs: dict[str, Any] = {}
+        self.outputs: dict[str, Any] = {}
+        self.info: dict[str, Any] = {}
+
+    def __enter__(self) -> StageOutput:
+        if self.out.exists() and not self.out.is_dir():
+            raise NmtError(f"output folder {self.out} is a file; choose another --out")
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / MANIFEST).unlink(missing_ok=True)  # from here on the folder is not done
+        return self
+
+    def add_output(self, name: str, checksum: bool = False, **extra: Any) -> None:
+        self.outputs[name] = {**file_record(self.out / name, checksum), **extra}
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            return
+        atomic_write_text(self.out / "config.yaml", dump_yaml(self.cfg))
+        manifest = {
+            "stage": self.stage,
+            "nmt_version": __version__,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "python": platform.python_version(),
+            "config": to_dict(self.cfg),
+            "inputs": self.inputs,
+            "outputs": self.outputs,
+            **self.info,
+        }
+        atomic_write_text(self.out / MANIFEST, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+
+
+def read_manifest(folder: Path, stage: str, command: str) -> dict[str, Any]:
+    """The manifest of a finished `stage` run in `folder`, with every listed output checked.
+
+    `command` is what the user runs to (re)make the folder, for the error message.
+    """
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not folder.is_dir():
+        raise NmtError(f"{folder} does not exist; create it with `{command}`")
+    if not path.exists():
+        raise NmtError(
+            f"{folder} has no {MANIFEST}: it was not written by `nmt {stage}` or that run did not "
+            f"finish; run `{command}` again")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise NmtError(f"{path} is corrupt ({e}); run `{command}` again") from None
+    if not isinstance(manifest, dict) or manifest.get("stage") != stage:
+        found = manifest.get("stage") if isinstance(manifest, dict) else None
+        raise NmtError(f"{folder} was written by `nmt {found}`, not `nmt {stage}`; pass the output of `{command}`")
+    for name, record in manifest.get("outputs", {}).items():
+        file = folder / name
+        if not file.exists():
+            raise NmtError(f"{file} is missing although {path} lists it; run `{command}` again")
+        if file.stat().st_size != record["bytes"]:
+            raise NmtError(
+                f"{file} has {file.stat().st_size} bytes but {path} recorded {record['bytes']}: it was "
+                f"changed or truncated after `nmt {stage}` wrote it; run `{command}` again")
+    return manifest
+
+
+def is_done(out: Path, stage: str, cfg: Any) -> bool:
+    """True when `out` holds a finished run of `stage` with exactly this config (so it can be skipped)."""
+    try:
+        manifest = read_manifest(out, stage, f"nmt {stage}")
+    except NmtError:
+        return False
+    return manifest.get("config") == json.loads(json.dumps(to_dict(cfg)))

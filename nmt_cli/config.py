@@ -1,0 +1,238 @@
+"""Typed configuration: the stage dataclasses (in `stages.py`) overridden by YAML, then by the CLI.
+
+A stage's config is resolved as ``dataclass defaults < YAML file < command line``. Keys are the
+dataclass's field names; nested dataclasses (the model inside the training config) take a mapping
+in YAML and dotted keys on the command line (``--set model.dropout=0.3``). Values are converted by
+the field's type, so ``5e-4`` from YAML (a string to PyYAML) becomes a float and ``"true"`` from
+``--set`` a bool. An unknown key is an error that names the closest valid key.
+
+This module and `stages.py` import no torch: `nmt --help` must stay fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import yaml
+
+from nmt_cli.errors import NmtError
+
+
+def opt(default: Any, help: str) -> Any:
+    """A dataclass field with its help text; the text is shown by `nmt CMD --help`."""
+    if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
+        return dataclasses.field(default_factory=lambda: _copy(default), metadata={"help": help})
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def required(help: str) -> Any:
+    """A field the user must give (an input or output folder)."""
+    return dataclasses.field(default=None, metadata={"help": help, "required": True})
+
+
+def _copy(value: Any) -> Any:
+    return dataclasses.replace(value) if dataclasses.is_dataclass(value) else type(value)(value)
+
+
+def help_of(cls: type, name: str) -> str:
+    """The help text of field `name`, with its default, for a Typer option."""
+    field = {f.name: f for f in dataclasses.fields(cls)}[name]
+    text = field.metadata.get("help", "")
+    if field.metadata.get("required"):
+        return text
+    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+    return f"{text} \\[default: {_show(default)}]"  # escaped: Typer renders help as rich markup
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (tuple, list)):
+        return ",".join(_show(v) for v in value)
+    return str(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Building a config from layers of raw values
+
+
+def resolve(cls: type, yaml_file: Path | None, cli: dict[str, Any], sets: list[str] | None = None,
+            base: Any = None) -> Any:
+    """Build `cls` from defaults (or `base`), a YAML file and command-line values.
+
+    `cli` holds the Typer options the user gave (None means "not given"); `sets` holds the generic
+    ``key=value`` overrides. Both win over the YAML file.
+    """
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if yaml_file is not None:
+        layers.append((str(yaml_file), read_yaml(yaml_file)))
+    given = {k: v for k, v in cli.items() if v is not None}
+    for item in sets or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise NmtError(f"--set expects key=value, got {item!r}")
+        _put_dotted(given, key.strip(), value)
+    layers.append(("the command line", given))
+    return build(cls, layers, base)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise NmtError(f"config file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise NmtError(f"cannot read config file {path}: {e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise NmtError(f"{path} is not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise NmtError(f"{path} must hold a mapping of option names to values, not {type(data).__name__}")
+    return data
+
+
+def _put_dotted(target: dict[str, Any], key: str, value: Any) -> None:
+    *parents, leaf = key.split(".")
+    for part in parents:
+        target = target.setdefault(part, {})
+        if not isinstance(target, dict):
+            raise NmtError(f"--set {key}: '{part}' is not a group of options")
+    target[leaf] = value
+
+
+def build(cls: type, layers: list[tuple[str, dict[str, Any]]], base: Any = None) -> Any:
+    """Apply each (source, mapping) layer in order on top of `base` (default: `cls()` defaults)."""
+    values = {f.name: getattr(base, f.name) if base is not None else _default(f) for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for source, mapping in layers:
+        for key, raw in mapping.items():
+            if key not in values:
+                raise NmtError(_unknown_key(cls, key, source))
+            if dataclasses.is_dataclass(hints[key]):
+                if not isinstance(raw, dict):
+                    raise NmtError(f"{source}: '{key}' is a group of options and takes a mapping, got {raw!r}")
+                values[key] = build(hints[key], [(source, raw)], values[key])
+            else:
+                values[key] = convert(raw, hints[key], f"{source}: '{key}'")
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("required") and values[f.name] is None:
+            raise NmtError(f"missing required option '{f.name}' ({f.metadata.get('help', '')})")
+    return cls(**values)
+
+
+def _default(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    return field.default_factory()
+
+
+def _unknown_key(cls: type, key: str, source: str) -> str:
+    names = [f.name for f in dataclasses.fields(cls)]
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
+    hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(names)}"
+    return f"{source}: unknown option '{key}' for {cls.__name__}{hint}"
+
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+def convert(value: Any, tp: Any, where: str) -> Any:
+    """Convert a raw YAML/CLI value to type `tp`, or raise NmtError naming `where`."""
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.strip().lower() in {"none", "null", ""}):
+            return None
+        return convert(value, args[0], where)
+    if origin is Literal:
+        choices = get_args(tp)
+        for choice in choices:
+            if value == choice or str(value) == str(choice):
+                return choice
+        raise NmtError(f"{where} must be one of {', '.join(map(str, choices))}; got {value!r}")
+    if origin is tuple:
+        return _convert_tuple(value, tp, where)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, (str, int)) and str(value).strip().lower() in _TRUE | _FALSE:
+            return str(value).strip().lower() in _TRUE
+        raise NmtError(f"{where} must be true or false; got {value!r}")
+    if tp is int:
+        return _convert_int(value, where)
+    if tp is float:
+        if isinstance(value, bool):
+            raise NmtError(f"{where} must be a number; got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise NmtError(f"{where} must be a number; got {value!r}") from None
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise NmtError(f"{where} must be a string; got {value!r}")
+        return str(value)
+    if tp is Path:
+        if not isinstance(value, (str, Path)):
+            raise NmtError(f"{where} must be a path; got {value!r}")
+        return Path(value)
+    raise TypeError(f"config field type {tp} is not supported")  # a bug in a dataclass, not user error
+
+
+def _convert_int(value: Any, where: str) -> int:
+    if isinstance(value, bool):
+        raise NmtError(f"{where} must be a whole number; got {value!r}")
+    if isinstance(value, int):
+        return value
+    try:
+        number = float(str(value).replace("_", ""))
+    except ValueError:
+        raise NmtError(f"{where} must be a whole number; got {value!r}") from None
+    if not number.is_integer():
+        raise NmtError(f"{where} must be a whole number; got {value!r}")
+    return int(number)
+
+
+def _convert_tuple(value: Any, tp: Any, where: str) -> tuple:
+    args = get_args(tp)
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise NmtError(f"{where} must be a list; got {value!r}")
+    if len(args) == 2 and args[1] is Ellipsis:
+        return tuple(convert(v, args[0], where) for v in items)
+    if len(items) != len(args):
+        raise NmtError(f"{where} must have {len(args)} values; got {value!r}")
+    return tuple(convert(v, a, where) for v, a in zip(items, args, strict=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing a resolved config
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A plain mapping of `cfg` (paths as strings) that `build` reads back to an equal config."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            value = to_dict(value)
+        elif isinstance(value, Path):
+            value = str(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[f.name] = value
+    return out
+
+
+def dump_yaml(cfg: Any) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, allow_unicode=True)

@@ -1,0 +1,229 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al. 2017, section 3), with an
+incremental decoder for search.
+
+Shape legend for every tensor comment in the package:
+    B batch, S source length, T target length, D model width (d_model), H heads,
+    K head width (d_k = D / H), F feed-forward width (d_ff), V vocabulary.
+
+The model knows nothing about distribution, checkpoints or search: `train` wraps it in DDP,
+`search` drives `start_decoding` / `decode_step` / `reorder`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt_cli.data import PAD
+from nmt_cli.stages import ModelConfig
+
+Cache = list[dict[str, Tensor]]  # one dict per decoder layer: self-attention k/v so far, encoder k/v
+
+
+def sinusoids(length: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D))  (section 3.5)."""
+    assert d_model % 2 == 0, "d_model must be even for sinusoidal positions"
+    pos = torch.arange(length, dtype=torch.float64)[:, None]  # (L, 1)
+    inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    table = torch.zeros(length, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(pos * inv_freq)
+    table[:, 1::2] = torch.cos(pos * inv_freq)
+    return table.float()  # (L, D)
+
+
+class Encoded(NamedTuple):
+    memory: Tensor  # (B, S, D) encoder output
+    mask: Tensor  # (B, 1, 1, S) True where the source token is real, for attention over it
+
+
+class Attention(nn.Module):
+    """Multi-head scaled dot-product attention: softmax(Q K^T / sqrt(K)) V per head, then W^O (3.2)."""
+
+    def __init__(self, d_model: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        assert d_model % heads == 0, "d_model must be divisible by the number of heads"
+        self.heads, self.dropout = heads, dropout
+        self.in_proj = nn.Linear(d_model, 3 * d_model)  # W^Q, W^K, W^V of all heads, stacked
+        self.out_proj = nn.Linear(d_model, d_model)  # W^O
+        for block in self.in_proj.weight.chunk(3):
+            nn.init.xavier_uniform_(block)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.in_proj.bias)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def _heads(self, x: Tensor) -> Tensor:  # (B, L, D) -> (B, H, L, K)
+        B, L, D = x.shape
+        return x.view(B, L, self.heads, D // self.heads).transpose(1, 2)
+
+    def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values of self-attention, each (B, H, L, K)."""
+        q, k, v = F.linear(x, self.in_proj.weight, self.in_proj.bias).chunk(3, dim=-1)
+        return self._heads(q), self._heads(k), self._heads(v)
+
+    def query(self, x: Tensor) -> Tensor:
+        d = x.shape[-1]
+        return self._heads(F.linear(x, self.in_proj.weight[:d], self.in_proj.bias[:d]))
+
+    def keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values over the encoder output, (B, H, S, K) each: computed once per sentence."""
+        d = memory.shape[-1]
+        k, v = F.linear(memory, self.in_proj.weight[d:], self.in_proj.bias[d:]).chunk(2, dim=-1)
+        return self._heads(k), self._heads(v)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
+        """(B, H, T, K) queries over (B, H, L, K) keys/values -> (B, T, D). `mask` is True where allowed."""
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+        B, H, T, K = y.shape
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, H * K))
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2  (section 3.3)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(cfg.d_model, cfg.d_ff), nn.Linear(cfg.d_ff, cfg.d_model)
+        self.activation_dropout = nn.Dropout(cfg.activation_dropout)
+        for fc in (self.fc1, self.fc2):
+            nn.init.xavier_uniform_(fc.weight)
+            nn.init.zeros_(fc.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.activation_dropout(F.relu(self.fc1(x))))
+
+
+class Residual(nn.Module):
+    """One sub-layer with its residual connection: post-norm LayerNorm(x + Dropout(f(x))) as in the
+    paper (section 5.4), or pre-norm x + Dropout(f(LayerNorm(x)))."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.norm, self.dropout, self.pre_norm = nn.LayerNorm(cfg.d_model), nn.Dropout(cfg.dropout), cfg.norm == "pre"
+
+    def forward(self, x: Tensor, sublayer) -> Tensor:
+        if self.pre_norm:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn, self.ffn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout), FeedForward(cfg)
+        self.attn_block, self.ffn_block = Residual(cfg), Residual(cfg)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:  # (B, S, D), (B, 1, 1, S) -> (B, S, D)
+        x = self.attn_block(x, lambda h: self.self_attn.attend(*self.self_attn.qkv(h), mask=mask))
+        return self.ffn_block(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.cross_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg)
+        self.self_block, self.cross_block, self.ffn_block = Residual(cfg), Residual(cfg), Residual(cfg)
+
+    def forward(self, x: Tensor, enc: Encoded, cache: dict[str, Tensor] | None) -> Tensor:
+        """x (B, T, D) -> (B, T, D). With a cache, x is the newest position only (T = 1)."""
+        x = self.self_block(x, lambda h: self._self_attention(h, cache))
+        x = self.cross_block(x, lambda h: self._cross_attention(h, enc, cache))
+        return self.ffn_block(x, self.ffn)
+
+    def _self_attention(self, h: Tensor, cache: dict[str, Tensor] | None) -> Tensor:
+        q, k, v = self.self_attn.qkv(h)
+        if cache is None:  # whole target at once: position t sees positions <= t (causal mask)
+            return self.self_attn.attend(q, k, v, causal=True)
+        if "k" in cache:  # one new position: it sees everything cached so far, no mask needed
+            k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+        cache["k"], cache["v"] = k, v
+        return self.self_attn.attend(q, k, v)
+
+    def _cross_attention(self, h: Tensor, enc: Encoded, cache: dict[str, Tensor] | None) -> Tensor:
+        if cache is None:
+            k, v = self.cross_attn.keys_values(enc.memory)
+        else:
+            k, v = cache["memory_k"], cache["memory_v"]
+        return self.cross_attn.attend(self.cross_attn.query(h), k, v, mask=enc.mask)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder with one embedding matrix shared by source, target and output (section 3.4)."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
+        super().__init__()
+        self.cfg, self.vocab_size = cfg, vocab_size
+        self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=PAD)
+        nn.init.normal_(self.embed.weight, mean=0.0, std=cfg.d_model**-0.5)  # unit variance after * sqrt(D)
+        with torch.no_grad():
+            self.embed.weight[PAD].zero_()
+        self.register_buffer("positions", sinusoids(cfg.max_positions, cfg.d_model), persistent=False)
+        self.embed_dropout = nn.Dropout(cfg.dropout)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        # Pre-norm leaves the last sub-layer's output unnormalised; post-norm has normalised it already.
+        pre = cfg.norm == "pre"
+        self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+
+    def _embed(self, tokens: Tensor, start: int = 0) -> Tensor:  # (B, L) -> (B, L, D)
+        length = tokens.shape[1]
+        if start + length > self.cfg.max_positions:
+            raise ValueError(f"sequence of {start + length} tokens exceeds max_positions={self.cfg.max_positions}")
+        x = self.embed(tokens) * math.sqrt(self.cfg.d_model) + self.positions[start : start + length]
+        return self.embed_dropout(x)
+
+    def encode(self, src: Tensor) -> Encoded:
+        """src (B, S) token ids, right-padded with PAD, each ending in EOS."""
+        mask = (src != PAD)[:, None, None, :]  # (B, 1, 1, S)
+        x = self._embed(src)
+        for layer in self.encoder:
+            x = layer(x, mask)
+        return Encoded(self.encoder_norm(x), mask)
+
+    def decode(self, prev: Tensor, enc: Encoded) -> Tensor:
+        """Teacher forcing: prev (B, T) = BOS + target[:-1] -> hidden states (B, T, D)."""
+        x = self._embed(prev)
+        for layer in self.decoder:
+            x = layer(x, enc, None)
+        return self.decoder_norm(x)
+
+    def logits(self, hidden: Tensor) -> Tensor:  # (..., D) -> (..., V), the tied output projection
+        return F.linear(hidden, self.embed.weight)
+
+    def forward(self, src: Tensor, prev: Tensor) -> Tensor:  # -> (B, T, V)
+        return self.logits(self.decode(prev, self.encode(src)))
+
+    # -- incremental decoding, one target position per call ---------------------------------------
+
+    def start_decoding(self, enc: Encoded) -> Cache:
+        """A fresh cache holding each layer's keys/values over the encoder output."""
+        cache = []
+        for layer in self.decoder:
+            k, v = layer.cross_attn.keys_values(enc.memory)
+            cache.append({"memory_k": k, "memory_v": v})
+        return cache
+
+    def decode_step(self, tokens: Tensor, step: int, enc: Encoded, cache: Cache) -> Tensor:
+        """tokens (B,) at target position `step` (0 for BOS) -> logits (B, V) of the next token."""
+        x = self._embed(tokens[:, None], start=step)  # (B, 1, D)
+        for layer, layer_cache in zip(self.decoder, cache, strict=True):
+            x = layer(x, enc, layer_cache)
+        return self.logits(self.decoder_norm(x[:, 0]))
+
+    @staticmethod
+    def reorder(enc: Encoded, cache: Cache, order: Tensor) -> tuple[Encoded, Cache]:
+        """Keep batch rows `order` (B',) of the state: beams that survive, sentences not finished."""
+        enc = Encoded(enc.memory.index_select(0, order), enc.mask.index_select(0, order))
+        cache = [{name: t.index_select(0, order) for name, t in layer.items()} for layer in cache]
+        return enc, cache
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,187 @@
+"""The typed config of every stage: the only place a default lives.
+
+Each `nmt` command builds one of these with `config.resolve` (defaults < YAML < command line) and
+passes it to its module's `run(cfg)`. Defaults follow "Attention Is All You Need" (PAPER.md) unless
+the help text says otherwise. No torch here: `nmt --help` imports this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from nmt_cli.config import opt, required
+
+Dataset = Literal["wmt14-en-de", "wmt14-en-fr", "local", "toy"]
+Precision = Literal["auto", "bf16", "fp16", "fp32"]
+Device = Literal["auto", "cpu", "cuda"]
+
+
+@dataclass
+class PrepareConfig:
+    dataset: Dataset = required("wmt14-en-de, wmt14-en-fr, local (your own files) or toy (generated, offline)")
+    out: Path = required("output folder for {train,valid,test}.{SRC,TGT} and manifest.json")
+    src_lang: str | None = opt(None, "source language code (default: en; required for local)")
+    tgt_lang: str | None = opt(None, "target language code (default: de or fr; required for local)")
+    downloads: Path | None = opt(None, "where archives are downloaded (default: OUT/downloads)")
+    from_dir: Path | None = opt(None, "folder of already-downloaded archives; the network is never used")
+    mirror: str | None = opt(None, "base URL replacing http(s)://statmt.org in every download URL")
+    retries: int = opt(5, "download attempts per file before giving up (with exponential backoff)")
+    timeout_seconds: float = opt(60.0, "network timeout per connection attempt")
+    train: str | None = opt(None, "local: training prefix; PREFIX.SRC and PREFIX.TGT must exist")
+    valid: str | None = opt(None, "local: validation prefix")
+    test: str | None = opt(None, "local: test prefix (optional)")
+    normalize_punctuation: bool = opt(True, "Moses punctuation normalisation of the training text")
+    remove_non_printing: bool = opt(True, "Moses non-printing-character removal of the training text")
+    drop_empty: bool = opt(True, "drop training pairs with an empty or whitespace-only side")
+    max_words: int = opt(250, "drop training pairs longer than this many words on either side (0: keep all)")
+    max_ratio: float = opt(1.5, "drop training pairs whose word-length ratio exceeds this (0: keep all)")
+    dedup: bool = opt(False, "drop exact duplicate training pairs (keeps a hash per pair in memory)")
+    seed: int = opt(1, "toy: random seed of the generated corpus")
+    toy_train: int = opt(20000, "toy: number of training pairs")
+    toy_valid: int = opt(500, "toy: number of validation pairs")
+    toy_test: int = opt(500, "toy: number of test pairs")
+    invalid_utf8: Literal["auto", "error", "replace"] = opt(
+        "auto", "auto: error for local files, replace (counted, reported) for downloaded corpora")
+    workers: int = opt(0, "processes for cleaning (0: one per CPU core)")
+
+
+@dataclass
+class BpeConfig:
+    raw: Path = required("folder written by `nmt prepare`")
+    out: Path = required("output folder for spm.model, spm.vocab and {split}.{lang} pieces")
+    vocab_size: int = opt(37000, "joint source+target sentencepiece vocabulary size (paper: 37000 en-de)")
+    model: Path | None = opt(None, "reuse this sentencepiece model instead of training one")
+    sample_sentences: int = opt(4_000_000, "train sentencepiece on at most this many sentences (sampled)")
+    character_coverage: float = opt(1.0, "share of characters the model must cover (sentencepiece option)")
+    workers: int = opt(0, "processes for encoding (0: one per CPU core)")
+    seed: int = opt(1, "seed of sentencepiece's sentence sampling")
+
+
+@dataclass
+class BinarizeConfig:
+    bpe: Path = required("folder written by `nmt bpe`")
+    out: Path = required("output folder for dict.txt, {split}.{lang}.bin/.idx and spm.model")
+    dictionary: Path | None = opt(None, "reuse this dict.txt instead of building one from the training text")
+    min_count: int = opt(0, "leave symbols seen fewer times out of a new dictionary (0: keep all)")
+    workers: int = opt(0, "processes for encoding (0: one per CPU core)")
+
+
+@dataclass
+class ModelConfig:
+    encoder_layers: int = opt(6, "encoder layers N")
+    decoder_layers: int = opt(6, "decoder layers N")
+    d_model: int = opt(512, "model width d_model")
+    d_ff: int = opt(2048, "feed-forward inner width d_ff")
+    heads: int = opt(8, "attention heads h (d_k = d_model / h)")
+    dropout: float = opt(0.1, "P_drop on every sub-layer output and on embedding+position sums")
+    attention_dropout: float = opt(0.0, "dropout on attention weights (not in the paper)")
+    activation_dropout: float = opt(0.0, "dropout after the feed-forward ReLU (not in the paper)")
+    max_positions: int = opt(1024, "longest source or target (in tokens, with EOS) the model accepts")
+    norm: Literal["post", "pre"] = opt("post", "post-norm (paper) or pre-norm residual blocks")
+
+
+ARCHS: dict[str, ModelConfig] = {
+    "transformer_base": ModelConfig(),
+    "transformer_big": ModelConfig(d_model=1024, d_ff=4096, heads=16, dropout=0.3),
+    "transformer_small": ModelConfig(encoder_layers=3, decoder_layers=3, d_model=256, d_ff=1024, heads=4),
+    "transformer_tiny": ModelConfig(encoder_layers=2, decoder_layers=2, d_model=128, d_ff=512, heads=4),
+}
+Arch = Literal["transformer_base", "transformer_big", "transformer_small", "transformer_tiny"]
+
+
+@dataclass
+class TrainConfig:
+    data: Path = required("folder written by `nmt binarize`")
+    save_dir: Path = required("folder for checkpoints, train.jsonl and config.yaml")
+    arch: Arch = opt("transformer_base", "model preset; any model.* field can still be set")
+    model: ModelConfig = opt(ModelConfig(), "model settings (filled from --arch, then overridden)")
+    # Batching: the paper's batch is ~25000 target tokens per update.
+    max_tokens: int = opt(4096, "token budget of one micro-batch on one device, padding included")
+    tokens_per_update: int = opt(25000, "target tokens per optimizer update, summed over devices and micro-batches")
+    # Optimisation (paper section 5.3)
+    label_smoothing: float = opt(0.1, "label smoothing epsilon_ls")
+    adam_betas: tuple[float, float] = opt((0.9, 0.98), "Adam beta1,beta2")
+    adam_eps: float = opt(1e-9, "Adam epsilon")
+    weight_decay: float = opt(0.0, "decoupled weight decay (AdamW); 0 = plain Adam as in the paper")
+    lr_schedule: Literal["paper", "inverse_sqrt"] = opt(
+        "paper", "paper: d_model^-0.5*min(step^-0.5, step*warmup^-1.5); inverse_sqrt: fairseq's form")
+    warmup_updates: int = opt(4000, "linear warm-up updates")
+    lr_scale: float = opt(1.0, "paper schedule: multiplier of the formula")
+    lr: float = opt(7e-4, "inverse_sqrt schedule: peak learning rate reached after warm-up")
+    warmup_init_lr: float = opt(1e-7, "inverse_sqrt schedule: learning rate at update 0")
+    clip_norm: float = opt(0.0, "clip the gradient norm to this value (0: off, as in the paper)")
+    # When to stop
+    max_update: int = opt(100000, "stop after this many updates (0: no limit)")
+    max_epoch: int = opt(0, "stop after this many epochs (0: no limit)")
+    max_time_hours: float = opt(0.0, "stop after this much training time (0: no limit)")
+    # Precision and devices
+    precision: Precision = opt("auto", "auto: bf16 where the device has fast bf16, else fp32")
+    device: Device = opt("auto", "auto: cuda when available, else cpu")
+    threads: int = opt(0, "CPU threads per worker (0: torch's default)")
+    seed: int = opt(1, "seed of initialisation, dropout and batch order")
+    # Checkpoints, validation, logging
+    save_interval_minutes: float = opt(10.0, "save a checkpoint every this many minutes (paper: 10; 0: off)")
+    save_interval_updates: int = opt(0, "save a checkpoint every this many updates (0: off)")
+    keep_last: int = opt(20, "keep this many numbered checkpoints (the paper averages the last 5 or 20)")
+    validate_interval_updates: int = opt(1000, "validate every this many updates, and at every checkpoint")
+    best_metric: Literal["loss", "bleu"] = opt("loss", "what checkpoint_best minimises/maximises")
+    valid_bleu: bool = opt(False, "decode the valid split at each validation and log sacreBLEU")
+    valid_bleu_sentences: int = opt(0, "decode only the first N valid sentences for BLEU (0: all)")
+    valid_bleu_beam: int = opt(1, "beam size of validation BLEU decoding (1: greedy, fast)")
+    log_interval: int = opt(100, "updates between log lines")
+    tensorboard_dir: Path | None = opt(None, "also log to TensorBoard here (needs the tensorboard extra)")
+    dry_run: bool = opt(False, "print the plan (parameters, batch, accumulation, learning rate) and exit")
+    # Reliability
+    max_bad_updates: int = opt(10, "stop after this many consecutive updates skipped for non-finite loss/gradients")
+    min_loss_scale: float = opt(1e-4, "fp16: stop when the dynamic loss scale falls below this")
+    max_oom_fraction: float = opt(0.02, "stop when more than this share of micro-batches ran out of memory")
+    # Launching (read by `nmt train`, which starts torchrun; ignored inside a worker)
+    gpus: int = opt(0, "GPUs on this machine; >0 starts one torchrun worker per GPU (0: all if any)")
+    nproc: int = opt(0, "CPU worker processes on gloo (for testing the distributed path; 0: one process)")
+    nnodes: int = opt(1, "machines taking part (torchrun --nnodes)")
+    node_rank: int = opt(0, "this machine's rank among the nodes (torchrun --node-rank)")
+    rdzv_endpoint: str | None = opt(None, "HOST:PORT of the rendezvous for several machines")
+    max_restarts: int = opt(0, "torchrun restarts of the whole worker group after a worker dies")
+
+
+def train_base(arch: str) -> TrainConfig:
+    """The defaults with the model taken from preset `arch` (YAML and CLI then override it)."""
+    return TrainConfig(data=None, save_dir=None, arch=arch, model=dataclasses.replace(ARCHS[arch]))
+
+
+@dataclass
+class AverageConfig:
+    checkpoints: tuple[Path, ...] = required("a checkpoint folder (with --last) or checkpoint files")
+    out: Path = required("the averaged, weights-only model file")
+    last: int = opt(5, "average the last N numbered checkpoints of the folder (paper: 5 base, 20 big)")
+
+
+@dataclass
+class TranslateConfig:
+    model: Path = required("a checkpoint or an averaged model file")
+    input: Path | None = opt(None, "text to translate, one sentence per line (default: stdin)")
+    output: Path | None = opt(None, "where translations go, one line per input line (default: stdout)")
+    input_format: Literal["raw", "pieces"] = opt("raw", "raw text, or text already split into sentencepiece pieces")
+    beam: int = opt(4, "beam size (1: greedy search)")
+    nbest: int = opt(1, "print this many hypotheses per sentence, with scores")
+    lenpen: float = opt(0.6, "GNMT length penalty alpha: score / ((5+|Y|)/6)^alpha")
+    max_len_a: float = opt(1.0, "maximum output length = a * source length + b")
+    max_len_b: int = opt(50, "maximum output length = a * source length + b")
+    max_tokens: int = opt(12000, "source-token budget of one batch, padding included")
+    chunk_lines: int = opt(20000, "lines read, sorted and translated at a time (memory stays flat)")
+    device: Device = opt("auto", "auto: cuda when available, else cpu")
+    dtype: Precision = opt("auto", "auto: bf16 on cuda, fp32 on cpu")
+    threads: int = opt(0, "CPU threads (0: torch's default)")
+
+
+@dataclass
+class ScoreConfig:
+    hyp: Path = required("detokenized system output, one line per segment")
+    ref: Path | None = opt(None, "reference file (required unless --test-set can be downloaded)")
+    test_set: str | None = opt(None, "a sacreBLEU test set name, e.g. wmt14/full")
+    langpair: str | None = opt(None, "language pair of --test-set, e.g. en-de")
+    out_json: Path | None = opt(None, "write the scores here as JSON (default: HYP.scores.json)")
+    tokenize: str = opt("13a", "sacreBLEU tokenizer (13a is its standard)")

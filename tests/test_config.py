@@ -1,0 +1,91 @@
+"""Config resolution: defaults < YAML < command line, typed conversion, helpful errors."""
+
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_user_error, nmt
+from nmt_cli.config import dump_yaml, read_yaml, resolve
+from nmt_cli.errors import NmtError
+from nmt_cli.stages import ARCHS, BpeConfig, TrainConfig, train_base
+
+
+def test_precedence_defaults_yaml_cli(tmp_path: Path) -> None:
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("vocab_size: 8000\nworkers: 3\nsample_sentences: 2.5e4\n")
+    cfg = resolve(BpeConfig, yaml_file, {"raw": "r", "out": "o", "vocab_size": 500, "workers": None})
+    assert cfg.vocab_size == 500  # command line beats YAML
+    assert cfg.workers == 3  # YAML beats the default
+    assert cfg.sample_sentences == 25000  # "2.5e4" is a string to PyYAML; converted by the field type
+    assert cfg.character_coverage == 1.0  # default
+    assert isinstance(cfg.raw, Path)
+
+
+def test_set_overrides_nested_and_converts_types() -> None:
+    cfg = resolve(TrainConfig, None, {"data": "d", "save_dir": "s"},
+                  ["model.dropout=0.3", "adam_betas=0.9,0.997", "valid_bleu=yes", "lr=5e-4"],
+                  base=train_base("transformer_big"))
+    assert cfg.model.dropout == 0.3 and cfg.model.d_model == ARCHS["transformer_big"].d_model
+    assert cfg.adam_betas == (0.9, 0.997)
+    assert cfg.valid_bleu is True and cfg.lr == 5e-4
+
+
+def test_unknown_key_names_the_closest(tmp_path: Path) -> None:
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("vocab_sise: 8000\n")
+    with pytest.raises(NmtError, match="did you mean 'vocab_size'"):
+        resolve(BpeConfig, yaml_file, {"raw": "r", "out": "o"})
+    with pytest.raises(NmtError, match="did you mean 'dropout'"):
+        resolve(TrainConfig, None, {"data": "d", "save_dir": "s"}, ["model.dropuot=0.1"])
+
+
+@pytest.mark.parametrize("text, message", [
+    ("vocab_size: [1, 2]\n", "whole number"),
+    ("vocab_size: 8000.5\n", "whole number"),
+    ("vocab_size: true\n", "whole number"),
+    ("character_coverage: lots\n", "number"),
+    ("- a list\n", "mapping"),
+    ("vocab_size: [unclosed\n", "not valid YAML"),
+])
+def test_yaml_with_wrong_types_is_refused(tmp_path: Path, text: str, message: str) -> None:
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text(text)
+    with pytest.raises(NmtError, match=message):
+        resolve(BpeConfig, yaml_file, {"raw": "r", "out": "o"})
+
+
+def test_literal_choices_are_checked() -> None:
+    with pytest.raises(NmtError, match="must be one of"):
+        resolve(TrainConfig, None, {"data": "d", "save_dir": "s", "precision": "fp8"})
+
+
+def test_resolved_config_round_trips(tmp_path: Path) -> None:
+    cfg = resolve(TrainConfig, None, {"data": "d", "save_dir": "s"}, ["model.norm=pre"], base=train_base("transformer_tiny"))
+    (tmp_path / "c.yaml").write_text(dump_yaml(cfg))
+    again = resolve(TrainConfig, tmp_path / "c.yaml", {})
+    assert again == cfg
+
+
+def test_cli_help_lists_every_stage_and_version() -> None:
+    out = nmt("--help").stdout
+    for command in ("prepare", "bpe", "binarize", "train", "average", "translate", "score"):
+        assert command in out
+    assert nmt("--version").stdout.startswith("nmt ")
+
+
+def test_cli_help_does_not_import_torch() -> None:
+    import subprocess
+    import sys
+    code = ("import sys; from nmt_cli.cli import app; "
+            "assert 'torch' not in sys.modules, 'torch imported on the --help path'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_cli_config_errors_are_one_clear_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("vocab_size: many\n")
+    assert_user_error(nmt("bpe", tmp_path, "--out", tmp_path / "o", "--config", bad, check=False), "vocab_size")
+    assert_user_error(nmt("bpe", tmp_path, "--out", tmp_path / "o", "--set", "vocab=1", check=False), "vocab_size")
+    assert_user_error(nmt("bpe", tmp_path, "--out", tmp_path / "o", "--config", tmp_path / "missing.yaml",
+                          check=False), "does not exist")
+    assert read_yaml(bad) == {"vocab_size": "many"}
