@@ -30,6 +30,9 @@ class PrepareConfig:
     mirror: str | None = opt(None, "base URL replacing http(s)://statmt.org in every download URL")
     retries: int = opt(5, "download attempts per file before giving up (with exponential backoff)")
     timeout_seconds: float = opt(60.0, "network timeout per connection attempt")
+    retry_wait_seconds: float = opt(2.0, "wait before the second download attempt; doubles for each further one")
+    checksums: Path | None = opt(
+        None, "a file of 'md5-or-sha256  filename' lines that adds to or replaces the built-in checksums")
     train: str | None = opt(None, "local: training prefix; PREFIX.SRC and PREFIX.TGT must exist")
     valid: str | None = opt(None, "local: validation prefix")
     test: str | None = opt(None, "local: test prefix (optional)")
