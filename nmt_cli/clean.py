@@ -31,6 +31,7 @@ import re
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -211,8 +212,8 @@ def read_chunks(src: Path, tgt: Path, chunk_pairs: int = CHUNK_PAIRS) -> Iterato
 class Cleaner:
     """Cleans corpora over `workers` processes (1: in this process), keeping the input order."""
 
-    def __init__(self, opts: Options, workers: int) -> None:
-        self.opts, self.workers = opts, max(1, workers)
+    def __init__(self, opts: Options, workers: int, chunk_pairs: int = CHUNK_PAIRS) -> None:
+        self.opts, self.workers, self.chunk_pairs = opts, max(1, workers), chunk_pairs
         self.seen: set[int] = set()  # hashes of the pairs written so far (dedup across corpora)
         self.pool: ProcessPoolExecutor | None = None
 
@@ -232,7 +233,7 @@ class Cleaner:
         pairs_in = 0
         sizes = (_size(src), _size(tgt))
         with _progress(name, None if None in sizes else sum(sizes)) as advance:
-            for chunk, result in self._cleaned(read_chunks(src, tgt)):
+            for chunk, result in self._cleaned(read_chunks(src, tgt, self.chunk_pairs)):
                 pairs_in += len(chunk.pairs)
                 counts.update(result.counts)
                 for (s, t), digest in itertools.zip_longest(result.kept, result.hashes):
@@ -259,6 +260,9 @@ class Cleaner:
             while pending:
                 chunk, future = pending.popleft()
                 yield chunk, future.result()
+        except BrokenProcessPool:
+            raise NmtError("a cleaning worker process died (out of memory, or killed); run again, with "
+                           "fewer --workers if memory is short") from None
         finally:
             for _, future in pending:
                 future.cancel()

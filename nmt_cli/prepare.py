@@ -29,6 +29,7 @@ from nmt_cli.download import Retries
 from nmt_cli.errors import NmtError
 from nmt_cli.stages import PrepareConfig
 
+SMALL_INPUT_BYTES = 8 << 20
 VALID_TEST_NOTE = ("valid and test are not normalised or filtered: each line is the published text with its "
                    "line ending removed (test: the <seg> text of the SGML with entities decoded and whitespace "
                    "collapsed, as sacreBLEU reads it); in-line line-break characters (CR, VT, FF, FS, GS, RS, "
@@ -98,7 +99,7 @@ def _check_options(cfg: PrepareConfig) -> None:
     if cfg.dataset != "local" and any(v is not None for v in given.values()):
         raise NmtError("--train, --valid and --test are for `nmt prepare local`")
     network = {"--from": cfg.from_dir, "--mirror": cfg.mirror, "--downloads": cfg.downloads,
-               "checksums": cfg.checksums}
+               "--checksums": cfg.checksums}
     if not wmt14 and any(v is not None for v in network.values()):
         names = ", ".join(k for k, v in network.items() if v is not None)
         raise NmtError(f"{names}: only the wmt14 datasets download anything")
@@ -214,7 +215,10 @@ def _clean_train(cfg: PrepareConfig, stage: StageOutput, src: str, tgt: str,
                          cfg.max_words, cfg.max_ratio, cfg.dedup, errors)
     records = {}
     origin = [name for name, _, _ in corpora]
-    with clean.Cleaner(opts, cfg.workers or os.cpu_count() or 1) as cleaner, \
+    workers = cfg.workers or os.cpu_count() or 1
+    if cfg.workers == 0 and sum(p.stat().st_size for _, a, b in corpora for p in (a, b)) < SMALL_INPUT_BYTES:
+        workers = 1  # starting worker processes (about a second) would cost more than they save
+    with clean.Cleaner(opts, workers) as cleaner, \
             _split_writer(stage, "train", src, tgt, origin) as write:
         for name, a, b in corpora:
             records[name] = cleaner.clean(name, a, b, write)

@@ -2,7 +2,7 @@
 
 `FakeStatmt` serves bytes by URL path with HTTP Range support, records every request, and can be
 told to fail the next requests for a path in scripted ways ("cut", "500", "drop", "ignore-range",
-"wrong"). `wmt14_archives` builds small archives with the real archive names and member paths
+"wrong", "stall"). `wmt14_archives` builds small archives with the real archive names and member paths
 (training text from the shared data, the real newstest2014 SGML files, newstest2013 as in dev.tgz).
 """
 
@@ -14,11 +14,12 @@ import io
 import re
 import tarfile
 import threading
+import time
 from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-FAULTS = ("cut", "500", "drop", "ignore-range", "wrong")
+FAULTS = ("cut", "500", "drop", "ignore-range", "wrong", "stall")
 
 
 class FakeStatmt:
@@ -27,7 +28,7 @@ class FakeStatmt:
         self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
         self.faults: dict[str, list[str]] = defaultdict(list)  # path -> faults for its next requests
         self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.server = _QuietServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
 
@@ -51,6 +52,11 @@ class FakeStatmt:
         self.server.server_close()
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # a client that gave up on a stalled or cut answer is part of the tests
+
+
 def _handler(site: FakeStatmt) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -69,6 +75,8 @@ def _handler(site: FakeStatmt) -> type[BaseHTTPRequestHandler]:
             if fault == "500":
                 self.send_error(500, "scripted failure")
                 return
+            if fault == "stall":  # answer only after the client's timeout
+                time.sleep(1.0)
             if fault == "drop":  # no answer at all: the client sees the connection close
                 self.close_connection = True
                 return

@@ -50,6 +50,13 @@ def test_server_errors_and_dropped_connections_are_retried(site: FakeStatmt, tmp
     assert len(site.requests_for(PATH)) == 4
 
 
+def test_a_stalled_server_times_out_and_is_tried_again(site: FakeStatmt, tmp_path: Path) -> None:
+    site.fail(PATH, "stall")
+    path, _ = download(remote(site.url), tmp_path, Retries(attempts=2, timeout_seconds=0.2, wait_seconds=0.01))
+    assert path.read_bytes() == CONTENT
+    assert len(site.requests_for(PATH)) == 2
+
+
 def test_giving_up_after_the_last_attempt_says_what_to_do(site: FakeStatmt, tmp_path: Path) -> None:
     site.fail(PATH, *["500"] * 10)
     with pytest.raises(NmtError, match=r"after 4 attempts .*HTTP 500.*--from"):

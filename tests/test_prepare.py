@@ -15,7 +15,7 @@ from sacremoses import MosesPunctNormalizer
 from conftest import assert_user_error, nmt
 from nmt_cli import prepare
 from nmt_cli.artifacts import read_manifest
-from nmt_cli.clean import normalize_punctuation
+from nmt_cli.clean import Cleaner, Options, normalize_punctuation
 from nmt_cli.errors import NmtError
 from nmt_cli.stages import PrepareConfig
 from nmt_cli.wmt import clean_segment, sgml_segments
@@ -253,13 +253,19 @@ def test_cleaning_counts_match_an_independent_count(shared_data: Path, tmp_path:
     assert ("Tab andsoft hyphen", "Tab undZero") in kept  # tab -> space, Cf deleted
 
 
-def test_worker_processes_keep_the_order(shared_data: Path, tmp_path: Path) -> None:
-    prefix = str(shared_data / "wmt-train-sample-10k/train")
-    for workers in (1, 2):
-        prepare.run(dataclasses.replace(config("local", tmp_path / str(workers), src_lang="en", tgt_lang="de",
-                                               train=prefix, valid=prefix), workers=workers))
+def test_worker_processes_keep_the_order_and_the_counts(shared_data: Path, tmp_path: Path) -> None:
+    sample = shared_data / "wmt-train-sample-10k/train"
     for lang in ("en", "de"):
-        assert (tmp_path / "1" / f"train.{lang}").read_bytes() == (tmp_path / "2" / f"train.{lang}").read_bytes()
+        (tmp_path / f"part.{lang}").write_text("".join(f"{x}\n" for x in read_lines(Path(f"{sample}.{lang}"))[:2500]))
+    results = []
+    for workers in (1, 2):  # 50 chunks of 50 pairs, several in flight at once
+        written: list[tuple[str, str]] = []
+        with Cleaner(Options("en", "de", dedup=True), workers, chunk_pairs=50) as cleaner:
+            record = cleaner.clean("part", tmp_path / "part.en", tmp_path / "part.de",
+                                   lambda a, b, out=written: out.append((a, b)))
+        results.append((written, record))
+    assert results[0] == results[1]
+    assert results[0][1]["pairs_in"] == 2500 and len(results[0][0]) == results[0][1]["pairs_out"]
 
 
 @pytest.mark.slow
