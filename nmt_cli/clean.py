@@ -28,6 +28,7 @@ import hashlib
 import itertools
 import multiprocessing
 import re
+import zlib
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -188,6 +189,14 @@ def open_binary(path: Path) -> IO[bytes]:
 
 def read_chunks(src: Path, tgt: Path, chunk_pairs: int = CHUNK_PAIRS) -> Iterator[Chunk]:
     """Chunks of raw line pairs read in lockstep; unequal line counts are an error naming both."""
+    try:
+        yield from _read_chunks(src, tgt, chunk_pairs)
+    except (OSError, EOFError, zlib.error) as e:  # a damaged .gz, a disk error
+        raise NmtError(f"cannot read {src} or {tgt}: {e}; if it came from an archive, delete the archive "
+                       "and its extracted folder and run again") from None
+
+
+def _read_chunks(src: Path, tgt: Path, chunk_pairs: int) -> Iterator[Chunk]:
     with open_binary(src) as fs, open_binary(tgt) as ft:
         line = 1
         while True:

@@ -104,7 +104,7 @@ def verify(path: Path, remote: Remote, fix: str) -> dict[str, Any]:
 
 
 def hash_file(path: Path, md5: bool = False) -> dict[str, str]:
-    digests = {"sha256": hashlib.sha256()} | ({"md5": hashlib.md5()} if md5 else {})
+    digests = {"sha256": hashlib.sha256()} | ({"md5": hashlib.md5(usedforsecurity=False)} if md5 else {})
     with open(path, "rb") as f:
         while block := f.read(1 << 22):
             for digest in digests.values():

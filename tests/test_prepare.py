@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import hashlib
 import json
+import os
 import unicodedata
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from sacremoses import MosesPunctNormalizer
 from conftest import assert_user_error, nmt
 from nmt_cli import prepare
 from nmt_cli.artifacts import read_manifest
-from nmt_cli.clean import Cleaner, Options, normalize_punctuation
+from nmt_cli.clean import Cleaner, Options, normalize_punctuation, read_chunks
 from nmt_cli.errors import NmtError
 from nmt_cli.stages import PrepareConfig
 from nmt_cli.wmt import clean_segment, sgml_segments
@@ -329,6 +331,19 @@ def test_crlf_endings_and_stray_characters_keep_the_line_count(tmp_path: Path) -
     assert read_lines(out / "train.en") == ["a house .", "the cat sleeps .", "one more line"]
     assert read_lines(out / "valid.en") == ["left right", "next line"]
     assert read_lines(out / "valid.de") == ["eins", "zwei"]
+
+
+def test_unequal_or_damaged_inputs_are_named_with_their_line_counts(tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"x\n" * 5)
+    (tmp_path / "b").write_bytes(b"y\n" * 7)
+    for chunk_pairs in (2, 5, 100):  # the shorter file ends inside, at the end of, or before a chunk
+        with pytest.raises(NmtError, match=r"a has 5 lines but .*b has 7"):
+            list(read_chunks(tmp_path / "a", tmp_path / "b", chunk_pairs))
+    whole = gzip.compress(os.urandom(50_000).hex().encode().replace(b"a", b"\n"))
+    (tmp_path / "c.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "d.gz").write_bytes(whole)
+    with pytest.raises(NmtError, match="cannot read .*c.gz"):
+        list(read_chunks(tmp_path / "c.gz", tmp_path / "d.gz"))
 
 
 def test_local_options_are_checked(tmp_path: Path) -> None:
