@@ -96,6 +96,7 @@ def prepare(
     downloads: Annotated[Optional[Path], _opt(PrepareConfig, "downloads", "--downloads")] = None,
     from_dir: Annotated[Optional[Path], _opt(PrepareConfig, "from_dir", "--from")] = None,
     mirror: Annotated[Optional[str], _opt(PrepareConfig, "mirror", "--mirror")] = None,
+    checksums: Annotated[Optional[Path], _opt(PrepareConfig, "checksums", "--checksums")] = None,
     train: Annotated[Optional[str], _opt(PrepareConfig, "train", "--train")] = None,
     valid: Annotated[Optional[str], _opt(PrepareConfig, "valid", "--valid")] = None,
     test: Annotated[Optional[str], _opt(PrepareConfig, "test", "--test")] = None,
@@ -107,7 +108,7 @@ def prepare(
 ) -> None:
     """Download (or read) and clean a parallel corpus into raw train/valid/test text."""
     values = dict(dataset=dataset, out=out, src_lang=src_lang, tgt_lang=tgt_lang, downloads=downloads,
-                  from_dir=from_dir, mirror=mirror, train=train, valid=valid, test=test, dedup=dedup,
+                  from_dir=from_dir, mirror=mirror, checksums=checksums, train=train, valid=valid, test=test, dedup=dedup,
                   seed=seed, workers=workers)
     _run("prepare", _resolve(PrepareConfig, config, values, sets))
 

@@ -30,6 +30,10 @@ class PrepareConfig:
     mirror: str | None = opt(None, "base URL replacing http(s)://statmt.org in every download URL")
     retries: int = opt(5, "download attempts per file before giving up (with exponential backoff)")
     timeout_seconds: float = opt(60.0, "network timeout per connection attempt")
+    retry_wait_seconds: float = opt(2.0, "wait before the second download attempt; doubles for each further one")
+    checksums: Path | None = opt(
+        None, "a file of 'md5-or-sha256  filename' lines (as sha256sum prints them); an entry replaces the "
+        "built-in size and checksum of that file, e.g. for a verified mirror")
     train: str | None = opt(None, "local: training prefix; PREFIX.SRC and PREFIX.TGT must exist")
     valid: str | None = opt(None, "local: validation prefix")
     test: str | None = opt(None, "local: test prefix (optional)")
