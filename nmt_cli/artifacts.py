@@ -24,6 +24,8 @@ from nmt_cli.config import dump_yaml, to_dict
 from nmt_cli.errors import NmtError
 
 MANIFEST = "manifest.json"
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # read once: mkstemp creates files only the owner can read
 
 
 @contextlib.contextmanager
@@ -37,6 +39,7 @@ def atomic_writer(path: Path, mode: str = "wb") -> Iterator[IO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # the permissions a plain open() would give
         encoding = None if "b" in mode else "utf-8"
         with os.fdopen(fd, mode, encoding=encoding) as f:
             yield f
