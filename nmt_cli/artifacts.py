@@ -195,6 +195,33 @@ def read_manifest(folder: Path, stage: str, command: str) -> dict[str, Any]:
     return manifest
 
 
+def manifest_languages(manifest: dict[str, Any], folder: Path) -> tuple[str, str]:
+    """(src_lang, tgt_lang) of a parallel-corpus folder (prepare, bpe, binarize)."""
+    src, tgt = manifest.get("src_lang"), manifest.get("tgt_lang")
+    if not (isinstance(src, str) and isinstance(tgt, str) and src and tgt and src != tgt):
+        raise NmtError(f"{folder / MANIFEST} must name two different languages in src_lang and tgt_lang "
+                       f"(found {src!r}, {tgt!r}); write the folder again with `nmt {manifest.get('stage')}`")
+    return src, tgt
+
+
+def manifest_split_counts(manifest: dict[str, Any], folder: Path, key: str) -> dict[str, int]:
+    """{split: count} from a manifest's ``"splits": {split: {key: count}}``, in file order; needs "train"."""
+    splits = manifest.get("splits")
+    redo = f"write the folder again with `nmt {manifest.get('stage')}`"
+    if not isinstance(splits, dict) or "train" not in splits:
+        raise NmtError(f"{folder / MANIFEST} lists no train split; {redo}")
+    try:
+        return {name: int(info[key]) for name, info in splits.items()}
+    except (TypeError, KeyError, ValueError):
+        raise NmtError(f"{folder / MANIFEST}: every split needs a '{key}' count; {redo}") from None
+
+
+def check_distinct_folders(out: Path, source: Path) -> None:
+    """Refuse --out equal to the folder being read: the stage would delete that folder's manifest."""
+    if Path(out).resolve() == Path(source).resolve():
+        raise NmtError(f"--out {out} is the input folder; choose another folder (the input would be overwritten)")
+
+
 def is_done(out: Path, stage: str, cfg: Any) -> bool:
     """True when `out` holds a finished run of `stage` with exactly this config (so it can be skipped)."""
     try:

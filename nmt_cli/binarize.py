@@ -22,8 +22,15 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from nmt_cli.artifacts import StageOutput, atomic_writer, read_manifest, sha256_file
-from nmt_cli.bpe import check_out_folder, corpus_languages, split_lines
+from nmt_cli.artifacts import (
+    StageOutput,
+    atomic_writer,
+    check_distinct_folders,
+    manifest_languages,
+    manifest_split_counts,
+    read_manifest,
+    sha256_file,
+)
 from nmt_cli.data import UNK, Dictionary, IndexedWriter, token_dtype
 from nmt_cli.errors import NmtError
 from nmt_cli.stages import BinarizeConfig
@@ -34,9 +41,9 @@ BPE_COMMAND = "nmt bpe RAW --out BPE"
 
 def run(cfg: BinarizeConfig) -> None:
     bpe = read_manifest(cfg.bpe, "bpe", BPE_COMMAND)
-    src, tgt = corpus_languages(bpe, cfg.bpe)
-    lines = split_lines(bpe, cfg.bpe, "lines")
-    check_out_folder(cfg.out, cfg.bpe)
+    src, tgt = manifest_languages(bpe, cfg.bpe)
+    lines = manifest_split_counts(bpe, cfg.bpe, "lines")
+    check_distinct_folders(cfg.out, cfg.bpe)
     if not (cfg.bpe / "spm.model").is_file():
         raise NmtError(f"{cfg.bpe}/spm.model is missing; run `{BPE_COMMAND}` again")
     given = Dictionary.load(cfg.dictionary) if cfg.dictionary is not None else None

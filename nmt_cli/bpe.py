@@ -23,7 +23,8 @@ from __future__ import annotations
 import io
 import os
 import re
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,15 @@ import sentencepiece as spm
 from rich.console import Console
 from rich.table import Table
 
-from nmt_cli.artifacts import StageOutput, atomic_writer, read_manifest, sha256_file
+from nmt_cli.artifacts import (
+    StageOutput,
+    atomic_writer,
+    check_distinct_folders,
+    manifest_languages,
+    manifest_split_counts,
+    read_manifest,
+    sha256_file,
+)
 from nmt_cli.errors import NmtError
 from nmt_cli.stages import BpeConfig
 from nmt_cli.streaming import Block, LineProgress, WorkerPool, line_blocks
@@ -43,9 +52,9 @@ PREPARE_COMMAND = "nmt prepare ... --out RAW"
 
 def run(cfg: BpeConfig) -> None:
     raw = read_manifest(cfg.raw, "prepare", PREPARE_COMMAND)
-    src, tgt = corpus_languages(raw, cfg.raw)
-    lines = split_lines(raw, cfg.raw, "lines")
-    check_out_folder(cfg.out, cfg.raw)
+    src, tgt = manifest_languages(raw, cfg.raw)
+    lines = manifest_split_counts(raw, cfg.raw, "lines")
+    check_distinct_folders(cfg.out, cfg.raw)
     reused = load_model(cfg.model) if cfg.model is not None else None
     if not 0.98 <= cfg.character_coverage <= 1.0:  # sentencepiece's own range, refused early and clearly
         raise NmtError(f"character_coverage must be between 0.98 and 1.0, not {cfg.character_coverage}")
@@ -70,35 +79,6 @@ def run(cfg: BpeConfig) -> None:
                           splits={s: {"lines": n, "pieces": pieces[s]} for s, n in lines.items()},
                           sentencepiece={"version": spm.__version__, **training})
     _print_summary(cfg.out, lines, pieces, processor.get_piece_size())
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading the input folder (also used by `nmt binarize` on a bpe folder)
-
-
-def corpus_languages(manifest: dict[str, Any], folder: Path) -> tuple[str, str]:
-    src, tgt = manifest.get("src_lang"), manifest.get("tgt_lang")
-    if not (isinstance(src, str) and isinstance(tgt, str) and src and tgt and src != tgt):
-        raise NmtError(f"{folder}/manifest.json must name two different languages in src_lang and "
-                       f"tgt_lang (found {src!r}, {tgt!r}); write the folder again with its stage")
-    return src, tgt
-
-
-def split_lines(manifest: dict[str, Any], folder: Path, key: str) -> dict[str, int]:
-    """{split: number of lines} from the manifest's "splits"; a "train" split is required."""
-    splits = manifest.get("splits")
-    if not isinstance(splits, dict) or "train" not in splits:
-        raise NmtError(f"{folder}/manifest.json lists no train split; write the folder again with its stage")
-    try:
-        return {name: int(info[key]) for name, info in splits.items()}
-    except (TypeError, KeyError, ValueError):
-        raise NmtError(f"{folder}/manifest.json: every split needs a '{key}' count; "
-                       "write the folder again with its stage") from None
-
-
-def check_out_folder(out: Path, source: Path) -> None:
-    if out.resolve() == source.resolve():
-        raise NmtError(f"--out {out} is the input folder; choose another folder (the input would be overwritten)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,25 +107,23 @@ def load_model(path: Path) -> bytes:
 def train_model(cfg: BpeConfig, files: list[Path], total_sentences: int) -> tuple[bytes, dict[str, Any]]:
     """Train a BPE model on a seeded sample of the lines of `files`; returns (model bytes, facts)."""
     chosen = _choose_lines(total_sentences, cfg.sample_sentences, cfg.seed)
-    sampled = total_sentences if chosen is None else len(chosen)
-    facts: dict[str, Any] = {"trained": True, "model_type": "bpe", "training_sentences": total_sentences,
-                             "sampled_sentences": sampled, "too_long_sentences": 0,
-                             "byte_fallback": cfg.character_coverage < 1.0}
+    facts: dict[str, Any] = {
+        "trained": True, "model_type": "bpe", "training_sentences": total_sentences,
+        "sampled_sentences": total_sentences if chosen is None else len(chosen), "too_long_sentences": 0,
+        "byte_fallback": cfg.character_coverage < 1.0}
     failure: list[BaseException] = []  # sentencepiece turns an error in our iterator into a bare RuntimeError
     model = io.BytesIO()
-    with LineProgress("bpe", "read training text", total_sentences) as progress:
-        sentences = _sampled_lines(files, chosen, facts, failure, progress.advance)
-        try:
-            spm.SentencePieceTrainer.train(
-                sentence_iterator=sentences, model_writer=model, model_type="bpe",
-                vocab_size=cfg.vocab_size, character_coverage=cfg.character_coverage,
-                byte_fallback=facts["byte_fallback"], unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1,
-                input_sentence_size=0, max_sentence_length=MAX_TRAIN_SENTENCE_BYTES,
-                num_threads=min(len(os.sched_getaffinity(0)), 128), minloglevel=2)
-        except RuntimeError as e:
-            if failure:
-                raise failure[0] from None
-            raise NmtError(_training_error(str(e), cfg, files)) from None
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=_training_sentences(cfg, files, chosen, facts, failure), model_writer=model,
+            model_type="bpe", vocab_size=cfg.vocab_size, character_coverage=cfg.character_coverage,
+            byte_fallback=facts["byte_fallback"], unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1,
+            input_sentence_size=0, max_sentence_length=MAX_TRAIN_SENTENCE_BYTES,
+            num_threads=min(len(os.sched_getaffinity(0)), 128), minloglevel=2)
+    except RuntimeError as e:
+        if failure:
+            raise failure[0] from None
+        raise NmtError(_training_error(str(e), files)) from None
     return model.getvalue(), facts
 
 
@@ -155,37 +133,40 @@ def _choose_lines(total: int, sample: int, seed: int) -> np.ndarray | None:
         raise NmtError(f"sample_sentences must be positive, not {sample}")
     if total <= sample:
         return None
-    rng = np.random.default_rng(seed)
-    return np.sort(rng.choice(total, size=sample, replace=False))
+    return np.sort(np.random.default_rng(seed).choice(total, size=sample, replace=False))
 
 
-def _sampled_lines(files: list[Path], chosen: np.ndarray | None, facts: dict[str, Any],
-                   failure: list[BaseException], advance: Callable[[int], None]) -> Iterator[str]:
-    wanted = iter(chosen.tolist()) if chosen is not None else None
-    next_wanted = next(wanted, -1) if wanted is not None else None
-    number = 0
+def _training_sentences(cfg: BpeConfig, files: list[Path], chosen: np.ndarray | None, facts: dict[str, Any],
+                        failure: list[BaseException]) -> Iterator[str]:
+    """The chosen lines of `files`, in file order, for sentencepiece's trainer (which keeps them all)."""
     try:
-        for path in files:
-            for block in line_blocks(path):
-                for line in block.lines():
-                    if next_wanted is None or number == next_wanted:
-                        if len(line) * 4 > MAX_TRAIN_SENTENCE_BYTES and len(line.encode()) > MAX_TRAIN_SENTENCE_BYTES:
-                            facts["too_long_sentences"] += 1
-                        yield line
-                        if wanted is not None:
-                            next_wanted = next(wanted, -1)
-                    number += 1
-                advance(block.line_count)
+        with LineProgress("bpe", "read training text", facts["training_sentences"]) as progress:
+            number = 0  # of the block's first line, counted over all files
+            for path in files:
+                for block in line_blocks(path):
+                    lines = block.lines()
+                    if chosen is not None:
+                        lo, hi = np.searchsorted(chosen, [number, number + len(lines)])
+                        lines = [lines[i] for i in (chosen[lo:hi] - number).tolist()]
+                    number += block.line_count
+                    facts["too_long_sentences"] += sum(
+                        len(line) * 4 > MAX_TRAIN_SENTENCE_BYTES and len(line.encode()) > MAX_TRAIN_SENTENCE_BYTES
+                        for line in lines)
+                    yield from lines
+                    progress.advance(block.line_count)
     except BaseException as e:
         failure.append(e)
         raise
+    print(f"stage=bpe step=train sentences={facts['sampled_sentences']} vocab_size={cfg.vocab_size} "
+          f"too_long_sentences={facts['too_long_sentences']} (sentencepiece; this can take a while)",
+          file=sys.stderr, flush=True)
 
 
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
 _TOO_SMALL = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
 
 
-def _training_error(message: str, cfg: BpeConfig, files: list[Path]) -> str:
+def _training_error(message: str, files: list[Path]) -> str:
     text = " and ".join(map(str, files))
     if match := _TOO_HIGH.search(message):
         return (f"--vocab-size {match[1]} is larger than the training text allows: {text} yield at most "

@@ -119,6 +119,9 @@ class IndexedWriter:
 
     def add_many(self, ids: np.ndarray, lengths: np.ndarray) -> None:
         """Append len(lengths) sentences whose ids are concatenated in `ids`."""
+        assert int(np.sum(lengths)) == ids.size, "lengths must add up to the number of ids"
+        assert ids.size == 0 or 0 <= int(ids.min()) <= int(ids.max()) <= np.iinfo(self.dtype).max, \
+            "an id does not fit the file's dtype: pick it with token_dtype(len(dictionary))"
         self._bin.write(ids.astype(self.dtype, copy=False).tobytes())
         self._idx.write((self.tokens + np.cumsum(lengths, dtype=np.int64)).tobytes())
         self.count += len(lengths)

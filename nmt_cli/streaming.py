@@ -13,6 +13,7 @@ import collections
 import concurrent.futures
 import multiprocessing
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -111,7 +112,7 @@ class WorkerPool:
     def __enter__(self) -> WorkerPool:
         if self.workers > 1:
             self._executor = concurrent.futures.ProcessPoolExecutor(
-                self.workers, mp_context=multiprocessing.get_context("spawn"))
+                self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_interrupts)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -131,9 +132,17 @@ class WorkerPool:
                     yield in_flight.popleft().result()
             while in_flight:
                 yield in_flight.popleft().result()
+        except concurrent.futures.process.BrokenProcessPool:
+            raise NmtError(f"a worker process died (out of memory?); run again with fewer workers than "
+                           f"{self.workers} (--workers)") from None
         finally:
             for future in in_flight:
                 future.cancel()
+
+
+def _ignore_interrupts() -> None:
+    """Ctrl-C reaches every process of the terminal; only the main one reacts (and stops the pool)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class LineProgress:
