@@ -34,7 +34,7 @@ from nmt_cli.artifacts import (
 from nmt_cli.data import UNK, Dictionary, IndexedWriter, token_dtype
 from nmt_cli.errors import NmtError
 from nmt_cli.stages import BinarizeConfig
-from nmt_cli.streaming import Block, LineProgress, WorkerPool, line_blocks
+from nmt_cli.streaming import Block, LineProgress, WorkerPool, line_blocks, worker_count
 
 BPE_COMMAND = "nmt bpe RAW --out BPE"
 
@@ -46,6 +46,7 @@ def run(cfg: BinarizeConfig) -> None:
     check_distinct_folders(cfg.out, cfg.bpe)
     if not (cfg.bpe / "spm.model").is_file():
         raise NmtError(f"{cfg.bpe}/spm.model is missing; run `{BPE_COMMAND}` again")
+    worker_count(cfg.workers)  # refuse a bad value before the output folder is touched
     given = Dictionary.load(cfg.dictionary) if cfg.dictionary is not None else None
     with StageOutput(cfg.out, "binarize", cfg) as stage, WorkerPool(cfg.workers) as pool:
         stage.inputs["bpe"] = {"folder": str(cfg.bpe.resolve()), "manifest_sha256": sha256_file(cfg.bpe / "manifest.json")}
@@ -101,6 +102,7 @@ def count_pieces(pool: WorkerPool, files: list[Path], total_lines: int) -> Count
 
 
 _INDEX: dict[tuple[str, int, int], dict[bytes, int]] = {}  # per process, by file identity
+_EMPTY, _LINE_END = -1, -2  # ids of the markers in a split block (see `_binarize_block`)
 
 
 def _piece_index(dict_path: str) -> dict[bytes, int]:
@@ -110,7 +112,7 @@ def _piece_index(dict_path: str) -> dict[bytes, int]:
     if key not in _INDEX:
         _INDEX.clear()
         index = {symbol.encode(): i for symbol, i in Dictionary.load(Path(dict_path)).index.items()}
-        index[b""] = -1  # the empty strings that empty lines leave in a split; dropped below
+        index.update({b"": _EMPTY, b"\n": _LINE_END})  # no symbol is empty or holds a line break
         _INDEX[key] = index
     return _INDEX[key]
 
@@ -118,19 +120,19 @@ def _piece_index(dict_path: str) -> dict[bytes, int]:
 def _binarize_block(task: tuple[str, str, Block]) -> tuple[np.ndarray, np.ndarray, int]:
     """(ids of all pieces, pieces per line, number of unknown pieces) of one block of piece lines.
 
-    Works on bytes (see `_count_block`); a piece that is not valid UTF-8 matches no symbol and
-    counts as unknown. One `str.split` and one `map` over the whole block, no per-line numpy call.
+    One split and one `map` over the whole block, no per-line Python or numpy call: each line break
+    becomes a token of its own, so line lengths come from the positions of its id. Works on bytes
+    (see `_count_block`); a piece that is not valid UTF-8 matches no symbol and counts as unknown.
     """
     dict_path, dtype, block = task
     index = _piece_index(dict_path)
-    lines = block.data.split(b"\n")
-    if block.data.endswith(b"\n"):
-        lines.pop()
-    lengths = np.fromiter((line.count(b" ") + 1 if line else 0 for line in lines), np.int64, len(lines))
-    tokens = block.data.replace(b"\n", b" ").split(b" ")
+    data = block.data if block.data.endswith(b"\n") else block.data + b"\n"
+    tokens = data.replace(b"\n", b" \n ").split(b" ")  # "a b\n\nc\n" -> a b \n '' \n c \n ''
     ids = np.fromiter(map(index.get, tokens, repeat(UNK)), np.int32, len(tokens))
+    ids = ids[ids != _EMPTY]
+    ends = np.flatnonzero(ids == _LINE_END)
+    lengths = np.diff(ends, prepend=-1) - 1
     ids = ids[ids >= 0]
-    assert ids.size == lengths.sum()
     return ids.astype(dtype), lengths, int(np.count_nonzero(ids == UNK))
 
 

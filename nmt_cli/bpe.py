@@ -44,7 +44,7 @@ from nmt_cli.artifacts import (
 )
 from nmt_cli.errors import NmtError
 from nmt_cli.stages import BpeConfig
-from nmt_cli.streaming import Block, LineProgress, WorkerPool, line_blocks
+from nmt_cli.streaming import Block, LineProgress, WorkerPool, line_blocks, worker_count
 
 MAX_TRAIN_SENTENCE_BYTES = 4192
 PREPARE_COMMAND = "nmt prepare ... --out RAW"
@@ -55,13 +55,13 @@ def run(cfg: BpeConfig) -> None:
     src, tgt = manifest_languages(raw, cfg.raw)
     lines = manifest_split_counts(raw, cfg.raw, "lines")
     check_distinct_folders(cfg.out, cfg.raw)
+    _check_settings(cfg)
     reused = load_model(cfg.model) if cfg.model is not None else None
-    if not 0.98 <= cfg.character_coverage <= 1.0:  # sentencepiece's own range, refused early and clearly
-        raise NmtError(f"character_coverage must be between 0.98 and 1.0, not {cfg.character_coverage}")
     with StageOutput(cfg.out, "bpe", cfg) as stage:
         stage.inputs["raw"] = {"folder": str(cfg.raw.resolve()), "manifest_sha256": sha256_file(cfg.raw / "manifest.json")}
         if reused is not None:
-            model, training = reused, {"trained": False, "model": str(cfg.model.resolve())}
+            stage.inputs["model"] = {"path": str(cfg.model.resolve()), "sha256": sha256_file(cfg.model)}
+            model, training = reused, {"trained": False}
         else:
             train_files = [cfg.raw / f"train.{src}", cfg.raw / f"train.{tgt}"]
             model, training = train_model(cfg, train_files, 2 * lines["train"])
@@ -79,6 +79,17 @@ def run(cfg: BpeConfig) -> None:
                           splits={s: {"lines": n, "pieces": pieces[s]} for s, n in lines.items()},
                           sentencepiece={"version": spm.__version__, **training})
     _print_summary(cfg.out, lines, pieces, processor.get_piece_size())
+
+
+def _check_settings(cfg: BpeConfig) -> None:
+    """Refuse bad settings before the output folder is touched."""
+    if not 0.98 <= cfg.character_coverage <= 1.0:  # sentencepiece's own range, said clearly
+        raise NmtError(f"character_coverage must be between 0.98 and 1.0, not {cfg.character_coverage}")
+    if cfg.sample_sentences <= 0:
+        raise NmtError(f"sample_sentences must be positive, not {cfg.sample_sentences}")
+    if cfg.vocab_size <= 0:
+        raise NmtError(f"--vocab-size must be positive, not {cfg.vocab_size}")
+    worker_count(cfg.workers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,8 +140,6 @@ def train_model(cfg: BpeConfig, files: list[Path], total_sentences: int) -> tupl
 
 def _choose_lines(total: int, sample: int, seed: int) -> np.ndarray | None:
     """Sorted line numbers (0-based over all files) of a uniform sample, or None to take every line."""
-    if sample <= 0:
-        raise NmtError(f"sample_sentences must be positive, not {sample}")
     if total <= sample:
         return None
     return np.sort(np.random.default_rng(seed).choice(total, size=sample, replace=False))
