@@ -6,6 +6,10 @@ each stage's `run(cfg)` in a fresh process (bpe with `--model`, so only encoding
 reports lines per second (lines of both languages, all splits) and peak resident memory of the
 stage's main process and of its largest worker. Two corpus sizes show whether memory stays flat.
 
+Wall-clock rates depend on what else runs on the machine; "lines per CPU-s" (lines divided by the
+CPU time of the stage and its workers) does much less, and times the number of idle cores it
+estimates the wall-clock rate of an otherwise idle machine. Run it more than once.
+
     python benchmarks/data_pipeline.py --lines 1000000 2000000 --workers 2
 """
 
@@ -87,8 +91,8 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="nmt-bench-"))
     model = train_model(work, args.vocab_size)
     print("| stage | lines per side | lines (both sides, all splits) | seconds | lines/s | CPU s main | "
-          "CPU s workers | peak main MiB | peak worker MiB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "CPU s workers | lines per CPU-s | peak main MiB | peak worker MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for n in args.lines:
         raw, bpe, out = work / f"raw-{n}", work / f"bpe-{n}", work / f"bin-{n}"
         make_corpus(raw, n)
@@ -102,7 +106,8 @@ def main() -> None:
         }
         for name, r in runs.items():
             print(f"| {name} | {n:,} | {total:,} | {r['seconds']:.1f} | {total / r['seconds']:,.0f} | "
-                  f"{r['main_cpu']:.1f} | {r['worker_cpu']:.1f} | {r['main_kib'] / 1024:.0f} | "
+                  f"{r['main_cpu']:.1f} | {r['worker_cpu']:.1f} | {total / (r['main_cpu'] + r['worker_cpu']):,.0f} | "
+                  f"{r['main_kib'] / 1024:.0f} | "
                   f"{r['worker_kib'] / 1024:.0f} |", flush=True)
         for folder in (raw, bpe, out):
             shutil.rmtree(folder)
