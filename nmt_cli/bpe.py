@@ -222,6 +222,7 @@ def encode_corpus(cfg: BpeConfig, model: Path, lines: dict[str, int],
                   langs: tuple[str, str]) -> dict[str, dict[str, int]]:
     """Write OUT/{split}.{lang} for every split and language; returns {split: {lang: pieces}}."""
     pieces: dict[str, dict[str, int]] = {}
+    model_path = str(model.resolve())
     with WorkerPool(cfg.workers) as pool, LineProgress("bpe", "encode", 2 * sum(lines.values())) as progress:
         for split, expected in lines.items():
             pieces[split] = {}
@@ -229,7 +230,8 @@ def encode_corpus(cfg: BpeConfig, model: Path, lines: dict[str, int],
                 source = cfg.raw / f"{split}.{lang}"
                 done, count = 0, 0
                 with atomic_writer(cfg.out / f"{split}.{lang}") as out:
-                    for n_lines, n_pieces, text in pool.map(_encode_block, ((str(model.resolve()), b) for b in line_blocks(source))):
+                    tasks = ((model_path, block) for block in line_blocks(source))
+                    for n_lines, n_pieces, text in pool.map(_encode_block, tasks):
                         out.write(text)
                         done, count = done + n_lines, count + n_pieces
                         progress.advance(n_lines)

@@ -53,6 +53,18 @@ def test_empty_and_odd_lines_keep_the_line_count(tmp_path: Path) -> None:
     assert list(read_lines(tmp_path / "bpe" / "valid.de"))[:2] == ["", ""]
 
 
+def test_partial_character_coverage_turns_rare_characters_into_bytes(tmp_path: Path) -> None:
+    text = "the cat sat on the mat\n" * 60 + "a rare ☃ snowman\n"
+    raw = make_prepare_folder(tmp_path / "raw", {"train": (text, text), "valid": ("☃ and ✓\n", "x\n")})
+    nmt("bpe", raw, "--out", tmp_path / "bpe", "--vocab-size", 280, "--set", "character_coverage=0.98")
+    manifest = json.loads((tmp_path / "bpe" / "manifest.json").read_text())
+    assert manifest["sentencepiece"]["byte_fallback"] is True
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "bpe" / "spm.model"))
+    valid = next(read_lines(tmp_path / "bpe" / "valid.en")).split(" ")
+    assert "<0xE2>" in valid and "☃" not in valid  # UTF-8 bytes, not <unk>
+    assert sp.decode(sp.piece_to_id(valid)) == "☃ and ✓"
+
+
 def test_reusing_a_model_gives_the_same_pieces(multi30k_raw: Path, multi30k_bpe: Path, tmp_path: Path) -> None:
     out = tmp_path / "bpe"
     nmt("bpe", multi30k_raw, "--out", out, "--model", multi30k_bpe / "spm.model", "--workers", 1)
