@@ -5,20 +5,25 @@ pieces of both languages' training text by descending count), ``{split}.{lang}.b
 `data.py`) and a copy of ``spm.model``, so `nmt train` and `nmt translate` need only this folder.
 The share of pieces that became ``<unk>`` is reported per split and language.
 
-Work is streamed in blocks through worker processes (`streaming.py`): the training text is read
-once to count pieces (unless `--dictionary` is given) and once more to write ids. Memory holds the
-dictionary and a few blocks, whatever the corpus size.
+Work is streamed in blocks through worker processes (`streaming.py`); memory holds the dictionary
+and a few blocks, whatever the corpus size. The training text is read once: while its pieces are
+counted they are written with provisional ids (sentencepiece's own piece ids, known before anything
+is counted; pieces outside the model get ids after those), and once the dictionary is built from the
+counts a vectorised pass maps the provisional ids to dictionary ids. The other splits, and every
+split when `--dictionary` is given, are written with dictionary ids directly.
 """
 
 from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
 from itertools import repeat
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import sentencepiece as spm
 from rich.console import Console
 from rich.table import Table
 
@@ -31,7 +36,7 @@ from nmt_cli.artifacts import (
     read_manifest,
     sha256_file,
 )
-from nmt_cli.data import UNK, Dictionary, IndexedWriter, token_dtype
+from nmt_cli.data import UNK, Dictionary, IndexedWriter, read_sequential, token_dtype
 from nmt_cli.errors import NmtError
 from nmt_cli.stages import BinarizeConfig
 from nmt_cli.streaming import Block, LineProgress, WorkerPool, line_blocks, worker_count
@@ -47,19 +52,20 @@ def run(cfg: BinarizeConfig) -> None:
     if not (cfg.bpe / "spm.model").is_file():
         raise NmtError(f"{cfg.bpe}/spm.model is missing; run `{BPE_COMMAND}` again")
     worker_count(cfg.workers)  # refuse a bad value before the output folder is touched
-    given = Dictionary.load(cfg.dictionary) if cfg.dictionary is not None else None
+    dictionary = Dictionary.load(cfg.dictionary) if cfg.dictionary is not None else None
     with StageOutput(cfg.out, "binarize", cfg) as stage, WorkerPool(cfg.workers) as pool:
         stage.inputs["bpe"] = {"folder": str(cfg.bpe.resolve()), "manifest_sha256": sha256_file(cfg.bpe / "manifest.json")}
-        if given is not None:
-            stage.inputs["dictionary"] = {"path": str(cfg.dictionary.resolve()), "sha256": sha256_file(cfg.dictionary)}
-            dictionary = given
-        else:
-            train = [cfg.bpe / f"train.{src}", cfg.bpe / f"train.{tgt}"]
-            dictionary = Dictionary.from_counts(count_pieces(pool, train, 2 * lines["train"]), cfg.min_count)
-        dictionary.save(cfg.out / "dict.txt")
         with atomic_writer(cfg.out / "spm.model") as f:
             f.write((cfg.bpe / "spm.model").read_bytes())
-        splits = binarize_corpus(pool, cfg, lines, (src, tgt), len(dictionary))
+        splits: dict[str, dict[str, Any]] = {}
+        if dictionary is None:
+            dictionary, splits["train"] = _binarize_training_text(pool, cfg, (src, tgt), lines["train"])
+        else:
+            stage.inputs["dictionary"] = {"path": str(cfg.dictionary.resolve()), "sha256": sha256_file(cfg.dictionary)}
+            dictionary.save(cfg.out / "dict.txt")
+        rest = {split: n for split, n in lines.items() if split not in splits}
+        splits.update(_binarize_with_dictionary(pool, cfg, (src, tgt), rest, len(dictionary)))
+        splits = {split: splits[split] for split in lines}
         stage.add_output("dict.txt", checksum=True)
         stage.add_output("spm.model", checksum=True)
         for split in splits:
@@ -71,100 +77,176 @@ def run(cfg: BinarizeConfig) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Counting pieces for a new dictionary
+# Blocks of piece lines to ids (in the worker processes)
 
 
-def _count_block(block: Block) -> tuple[int, Counter[bytes]]:
-    # Pieces are separated by single spaces only: bytes.split() would also split at the ASCII
-    # control characters sentencepiece can leave inside a piece. Bytes, not str: decoding and
-    # splitting str costs twice as much, and the few distinct pieces are decoded once at the end.
-    counts = Counter(block.data.replace(b"\n", b" ").split(b" "))
-    counts.pop(b"", None)  # from empty lines and the final line break
-    return block.line_count, counts
+_TABLES: dict[tuple[str, int, int], dict[bytes, int]] = {}  # per process, by file identity
+_EMPTY, _LINE_END, _OTHER = -1, -2, -3  # ids of the markers in a split block, and of unlisted pieces
 
 
-def count_pieces(pool: WorkerPool, files: list[Path], total_lines: int) -> Counter[str]:
-    counts: Counter[bytes] = Counter()
-    with LineProgress("binarize", "count pieces", total_lines) as progress:
-        for path in files:
-            for block_lines, block_counts in pool.map(_count_block, line_blocks(path)):
-                counts.update(block_counts)
-                progress.advance(block_lines)
-    try:
-        return Counter({piece.decode("utf-8"): count for piece, count in counts.items()})
-    except UnicodeDecodeError as e:
-        raise NmtError(f"{' or '.join(map(str, files))} holds a piece that is not UTF-8 ({e.object!r}); "
-                       f"run `{BPE_COMMAND}` again") from None
+def _model_symbols(model_path: Path) -> list[str]:
+    processor = spm.SentencePieceProcessor(model_file=str(model_path))
+    return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+
+
+def _piece_table(path: str) -> dict[bytes, int]:
+    """UTF-8 piece -> id, from a dict.txt or (provisional ids) a sentencepiece model; loaded once
+    per worker process, since tasks carry the file's path, not the table."""
+    stat = os.stat(path)
+    key = (path, stat.st_mtime_ns, stat.st_size)
+    if key not in _TABLES:
+        symbols = _model_symbols(Path(path)) if path.endswith(".model") else Dictionary.load(Path(path)).symbols
+        table = {symbol.encode(): i for i, symbol in enumerate(symbols)}
+        table.update({b"": _EMPTY, b"\n": _LINE_END})  # no symbol is empty or holds a line break
+        _TABLES.clear()
+        _TABLES[key] = table
+    return _TABLES[key]
+
+
+def _block_ids(task: tuple[str, Block]) -> tuple[np.ndarray, np.ndarray, list[bytes]]:
+    """(ids of all pieces, pieces per line, the pieces missing from the table in order) of one block.
+
+    A missing piece gets the id _OTHER; the caller decides what it becomes. One split and one `map`
+    over the whole block, no per-line Python or numpy call: each line break becomes a token of its
+    own, and line lengths come from the positions of its id. Bytes, not str: decoding and splitting
+    str costs twice as much; a piece that is not UTF-8 matches no symbol. Pieces are separated by
+    single spaces only: bytes.split() would also split at control characters sentencepiece can
+    leave inside a piece.
+    """
+    table_path, block = task
+    table = _piece_table(table_path)
+    data = block.data if block.data.endswith(b"\n") else block.data + b"\n"
+    tokens = data.replace(b"\n", b" \n ").split(b" ")  # "a b\n\nc\n" -> a b \n '' \n c \n ''
+    ids = np.fromiter(map(table.get, tokens, repeat(_OTHER)), np.int32, len(tokens))
+    others = [tokens[i] for i in np.flatnonzero(ids == _OTHER).tolist()]
+    ids = ids[ids != _EMPTY]
+    lengths = np.diff(np.flatnonzero(ids == _LINE_END), prepend=-1) - 1
+    return ids[ids != _LINE_END], lengths, others
 
 
 # ---------------------------------------------------------------------------------------------
-# Writing token ids
+# Writing files (in the main process)
 
 
-_INDEX: dict[tuple[str, int, int], dict[bytes, int]] = {}  # per process, by file identity
-_EMPTY, _LINE_END = -1, -2  # ids of the markers in a split block (see `_binarize_block`)
+def _write_file(pool: WorkerPool, source: Path, prefix: Path, table_path: Path, dtype: np.dtype,
+                expected_lines: int, progress: LineProgress,
+                resolve: Callable[[np.ndarray, list[bytes]], np.ndarray]) -> int:
+    """Write the pieces of `source` as PREFIX.bin/.idx; `resolve(ids, others)` replaces the
+    _OTHER ids of each block. Returns the number of tokens."""
+    writer = IndexedWriter(prefix, dtype)
+    try:
+        tasks = ((str(table_path.resolve()), block) for block in line_blocks(source))
+        for ids, lengths, others in pool.map(_block_ids, tasks):
+            writer.add_many(resolve(ids, others), lengths)
+            progress.advance(len(lengths))
+        if writer.count != expected_lines:
+            raise NmtError(f"{source} has {writer.count} lines but {source.parent}/manifest.json records "
+                           f"{expected_lines}: it changed after `nmt bpe` wrote it; run `{BPE_COMMAND}` again")
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
+    return writer.tokens
 
 
-def _piece_index(dict_path: str) -> dict[bytes, int]:
-    """UTF-8 piece -> id from dict.txt, loaded once per worker (tasks carry the path, not the table)."""
-    stat = os.stat(dict_path)
-    key = (dict_path, stat.st_mtime_ns, stat.st_size)
-    if key not in _INDEX:
-        _INDEX.clear()
-        index = {symbol.encode(): i for symbol, i in Dictionary.load(Path(dict_path)).index.items()}
-        index.update({b"": _EMPTY, b"\n": _LINE_END})  # no symbol is empty or holds a line break
-        _INDEX[key] = index
-    return _INDEX[key]
-
-
-def _binarize_block(task: tuple[str, str, Block]) -> tuple[np.ndarray, np.ndarray, int]:
-    """(ids of all pieces, pieces per line, number of unknown pieces) of one block of piece lines.
-
-    One split and one `map` over the whole block, no per-line Python or numpy call: each line break
-    becomes a token of its own, so line lengths come from the positions of its id. Works on bytes
-    (see `_count_block`); a piece that is not valid UTF-8 matches no symbol and counts as unknown.
-    """
-    dict_path, dtype, block = task
-    index = _piece_index(dict_path)
-    data = block.data if block.data.endswith(b"\n") else block.data + b"\n"
-    tokens = data.replace(b"\n", b" \n ").split(b" ")  # "a b\n\nc\n" -> a b \n '' \n c \n ''
-    ids = np.fromiter(map(index.get, tokens, repeat(UNK)), np.int32, len(tokens))
-    ids = ids[ids != _EMPTY]
-    ends = np.flatnonzero(ids == _LINE_END)
-    lengths = np.diff(ends, prepend=-1) - 1
-    ids = ids[ids >= 0]
-    return ids.astype(dtype), lengths, int(np.count_nonzero(ids == UNK))
-
-
-def binarize_corpus(pool: WorkerPool, cfg: BinarizeConfig, lines: dict[str, int], langs: tuple[str, str],
-                    dict_size: int) -> dict[str, dict[str, Any]]:
-    """Write OUT/{split}.{lang}.bin/.idx; returns the manifest's "splits" entry."""
+def _binarize_with_dictionary(pool: WorkerPool, cfg: BinarizeConfig, langs: tuple[str, str],
+                              lines: dict[str, int], dict_size: int) -> dict[str, dict[str, Any]]:
+    """Write OUT/{split}.{lang}.bin/.idx with the ids of OUT/dict.txt; the manifest's split entries."""
     dtype = token_dtype(dict_size)
-    dict_path = str((cfg.out / "dict.txt").resolve())
     splits: dict[str, dict[str, Any]] = {}
     with LineProgress("binarize", "write ids", 2 * sum(lines.values())) as progress:
         for split, expected in lines.items():
             splits[split] = {"sentences": expected, "tokens": {}, "unk_rate": {}}
             for lang in langs:
-                source = cfg.bpe / f"{split}.{lang}"
-                writer = IndexedWriter(cfg.out / f"{split}.{lang}", dtype)
-                unknown = 0
-                try:
-                    tasks = ((dict_path, dtype.str, block) for block in line_blocks(source))
-                    for ids, lengths, block_unknown in pool.map(_binarize_block, tasks):
-                        writer.add_many(ids, lengths)
-                        unknown += block_unknown
-                        progress.advance(len(lengths))
-                    if writer.count != expected:
-                        raise NmtError(f"{source} has {writer.count} lines but {cfg.bpe}/manifest.json records "
-                                       f"{expected}: it changed after `nmt bpe` wrote it; run `{BPE_COMMAND}` again")
-                except BaseException:
-                    writer.abort()
-                    raise
-                writer.close()
-                splits[split]["tokens"][lang] = writer.tokens
-                splits[split]["unk_rate"][lang] = unknown / max(writer.tokens, 1)
+                unknown = _Unknown(dtype)
+                tokens = _write_file(pool, cfg.bpe / f"{split}.{lang}", cfg.out / f"{split}.{lang}",
+                                     cfg.out / "dict.txt", dtype, expected, progress, unknown)
+                splits[split]["tokens"][lang] = tokens
+                splits[split]["unk_rate"][lang] = unknown.count / max(tokens, 1)
     return splits
+
+
+class _Unknown:
+    """Turns the ids of pieces missing from the dictionary into <unk>, counting them."""
+
+    def __init__(self, dtype: np.dtype) -> None:
+        self.dtype, self.count = dtype, 0
+
+    def __call__(self, ids: np.ndarray, others: list[bytes]) -> np.ndarray:
+        ids[ids == _OTHER] = UNK
+        self.count += len(others)
+        return ids.astype(self.dtype)
+
+
+class _ProvisionalCounts:
+    """Counts of provisional ids: the model's pieces first, then pieces outside it as they appear
+    (a character that sentencepiece never saw in its training sample stays a piece of its own)."""
+
+    def __init__(self, symbols: list[str]) -> None:
+        self.symbols = symbols
+        self.others: dict[bytes, int] = {}
+        self.counts = np.zeros(len(symbols), np.int64)
+
+    def add(self, ids: np.ndarray, others: list[bytes]) -> np.ndarray:
+        if others:
+            ids[ids == _OTHER] = [self.others.setdefault(p, len(self.symbols) + len(self.others)) for p in others]
+        block = np.bincount(ids, minlength=len(self.counts))
+        if len(block) > len(self.counts):
+            self.counts = np.concatenate([self.counts, np.zeros(len(block) - len(self.counts), np.int64)])
+        self.counts += block
+        return ids
+
+    def dictionary(self, min_count: int, source: str) -> tuple[Dictionary, np.ndarray]:
+        """The dictionary of the counted pieces, and the map from provisional to dictionary ids."""
+        try:
+            names = self.symbols + [piece.decode("utf-8") for piece in self.others]
+        except UnicodeDecodeError as e:
+            raise NmtError(f"{source} holds a piece that is not UTF-8 ({e.object!r}); "
+                           f"run `{BPE_COMMAND}` again") from None
+        counts = np.pad(self.counts, (0, len(names) - len(self.counts)))
+        dictionary = Dictionary.from_counts(Counter({n: int(c) for n, c in zip(names, counts, strict=True) if c}),
+                                            min_count)
+        return dictionary, np.array([dictionary.index.get(n, UNK) for n in names], np.int64)
+
+
+def _binarize_training_text(pool: WorkerPool, cfg: BinarizeConfig, langs: tuple[str, str],
+                            train_lines: int) -> tuple[Dictionary, dict[str, Any]]:
+    """Count and write the training text in one pass, then build dict.txt and map the ids to it."""
+    model = cfg.out / "spm.model"
+    counts = _ProvisionalCounts(_model_symbols(model))
+    provisional = {lang: cfg.out / f".train.{lang}.provisional" for lang in langs}
+    try:
+        with LineProgress("binarize", "count and write train", 2 * train_lines) as progress:
+            for lang in langs:
+                _write_file(pool, cfg.bpe / f"train.{lang}", provisional[lang], model, np.dtype(np.int32),
+                            train_lines, progress, counts.add)
+        dictionary, to_final = counts.dictionary(cfg.min_count, f"{cfg.bpe}/train.*")
+        dictionary.save(cfg.out / "dict.txt")
+        info: dict[str, Any] = {"sentences": train_lines, "tokens": {}, "unk_rate": {}}
+        for lang in langs:
+            tokens, unknown = _map_ids(provisional[lang], cfg.out / f"train.{lang}", to_final, token_dtype(len(dictionary)))
+            info["tokens"][lang], info["unk_rate"][lang] = tokens, unknown / max(tokens, 1)
+    finally:
+        for prefix in provisional.values():
+            for suffix in (".bin", ".idx"):
+                Path(f"{prefix}{suffix}").unlink(missing_ok=True)
+    return dictionary, info
+
+
+def _map_ids(source: Path, prefix: Path, to_final: np.ndarray, dtype: np.dtype) -> tuple[int, int]:
+    """Copy the pair `source` to `prefix` with every id x replaced by to_final[x]; (tokens, unknown)."""
+    writer = IndexedWriter(prefix, dtype)
+    unknown = 0
+    try:
+        for provisional, sizes in read_sequential(source):
+            ids = to_final[provisional]
+            unknown += int(np.count_nonzero(ids == UNK))
+            writer.add_many(ids.astype(dtype), sizes)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
+    return writer.tokens, unknown
 
 
 def _print_summary(out: Path, splits: dict[str, dict[str, Any]], dict_size: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,7 @@ def test_manifest_and_dictionary_layout(multi30k_bpe: Path, multi30k_bin: Path) 
     real = [c for s, c in zip(dictionary.symbols, dictionary.counts, strict=True)
             if s not in SPECIALS and not s.startswith("<madeupword")]
     assert real == sorted(real, reverse=True) and min(real) >= 1
+    assert _counted(dictionary) == _train_pieces(multi30k_bpe)
     bpe_manifest = json.loads((multi30k_bpe / "manifest.json").read_text())
     for split, info in manifest["splits"].items():
         assert info["sentences"] == bpe_manifest["splits"][split]["lines"]
@@ -62,6 +64,30 @@ def test_manifest_and_dictionary_layout(multi30k_bpe: Path, multi30k_bin: Path) 
             assert info["unk_rate"][lang] == pytest.approx(unknown / info["tokens"][lang])
     assert manifest["splits"]["train"]["unk_rate"] == {"en": 0.0, "de": 0.0}
     assert (multi30k_bin / "spm.model").read_bytes() == (multi30k_bpe / "spm.model").read_bytes()
+
+
+def _counted(dictionary: Dictionary) -> Counter[str]:
+    return Counter({s: c for s, c in zip(dictionary.symbols, dictionary.counts, strict=True) if c})
+
+
+def _train_pieces(bpe: Path) -> Counter[str]:
+    """What dict.txt must count: every piece of both training files (the definition, computed plainly)."""
+    return Counter(piece for lang in ("en", "de") for line in read_lines(bpe / f"train.{lang}")
+                   if line for piece in line.split(" "))
+
+
+def test_pieces_outside_the_sentencepiece_model_get_their_own_symbols(multi30k_bpe: Path, tmp_path: Path) -> None:
+    # A model reused on text with characters it never saw writes those characters as pieces of their
+    # own (sentencepiece's unknown pieces); they are training pieces like any other.
+    text = "Ein Hund läuft ☃ im Schnee.\nZwei ✓ Katzen ☃\n"
+    raw = make_prepare_folder(tmp_path / "raw", {"train": (text, text), "valid": ("☃\n", "✓ ✗\n")})
+    nmt("bpe", raw, "--out", tmp_path / "bpe", "--model", multi30k_bpe / "spm.model")
+    assert "☃" in (tmp_path / "bpe" / "train.en").read_text(encoding="utf-8").split()
+    nmt("binarize", tmp_path / "bpe", "--out", tmp_path / "bin")
+    dictionary = Dictionary.load(tmp_path / "bin" / "dict.txt")
+    assert _counted(dictionary) == _train_pieces(tmp_path / "bpe") and dictionary.counts[dictionary.index["☃"]] == 4
+    valid = IndexedDataset(tmp_path / "bin" / "valid.de")[0].tolist()
+    assert valid == dictionary.encode(["▁", "✓", "▁", "✗"]) and valid[-1] == UNK  # ✗ is not in the training text
 
 
 def test_two_workers_write_the_same_bytes_as_one(multi30k_bpe: Path, tmp_path: Path,
@@ -90,6 +116,17 @@ def test_reused_dictionary_is_used_and_unknowns_are_counted(multi30k_bpe: Path, 
     assert first.tolist() == expected and UNK in expected
     assert 0.2 < unk_rate < 1.0
     assert "train" in proc.stdout and "%" in proc.stdout  # the table of unknown rates
+
+
+def test_min_count_leaves_rare_pieces_out_of_the_dictionary(multi30k_bpe: Path, tmp_path: Path) -> None:
+    nmt("binarize", multi30k_bpe, "--out", tmp_path / "bin", "--set", "min_count=50")
+    dictionary = Dictionary.load(tmp_path / "bin" / "dict.txt")
+    counts = _train_pieces(multi30k_bpe)
+    assert _counted(dictionary) == Counter({p: c for p, c in counts.items() if c >= 50})
+    rare = sum(c for c in counts.values() if c < 50)
+    manifest = json.loads((tmp_path / "bin" / "manifest.json").read_text())
+    train = manifest["splits"]["train"]
+    assert sum(r * train["tokens"][lang] for lang, r in train["unk_rate"].items()) == pytest.approx(rare)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nmt_cli.data import SPECIALS, Dictionary, IndexedDataset, IndexedWriter, token_dtype
+from nmt_cli.data import SPECIALS, Dictionary, IndexedDataset, IndexedWriter, read_sequential, token_dtype
 from nmt_cli.errors import NmtError
 
 
@@ -47,6 +47,17 @@ def test_reading_is_a_view_into_the_memory_map(tmp_path: Path) -> None:
     assert data[2].tolist() == [42, 43]  # read from the file on access, not loaded at open
 
 
+@pytest.mark.parametrize("sentences_per_chunk", [1, 4, 1000])
+def test_sequential_reading_gives_the_same_sentences(tmp_path: Path, sentences_per_chunk: int) -> None:
+    sentences = [[5, 6, 7], [], [8], [9, 10], [], [11], [12, 13, 14]]
+    _write(tmp_path / "x", sentences, np.dtype(np.int32))
+    chunks = list(read_sequential(tmp_path / "x", sentences_per_chunk))
+    assert len(chunks) == -(-len(sentences) // sentences_per_chunk)
+    ids = np.concatenate([c[0] for c in chunks]).tolist()
+    sizes = np.concatenate([c[1] for c in chunks]).tolist()
+    assert sizes == [len(s) for s in sentences] and ids == [i for s in sentences for i in s]
+
+
 def test_empty_dataset(tmp_path: Path) -> None:
     IndexedWriter(tmp_path / "empty", np.dtype(np.uint16)).close()
     data = IndexedDataset(tmp_path / "empty")
@@ -80,6 +91,8 @@ def test_idx_pointing_past_its_bin_is_refused(written: Path) -> None:
     idx_path.write_bytes(bytes(raw))
     with pytest.raises(NmtError, match=r"x\.idx points to 1000 tokens but .*x\.bin holds 6"):
         IndexedDataset(written)
+    with pytest.raises(NmtError, match=r"x\.idx points to 1000 tokens"):
+        next(read_sequential(written))
 
 
 def test_idx_with_offsets_out_of_order_is_refused(written: Path) -> None:
@@ -89,6 +102,8 @@ def test_idx_with_offsets_out_of_order_is_refused(written: Path) -> None:
     idx_path.write_bytes(bytes(raw))
     with pytest.raises(NmtError, match="offsets out of order"):
         IndexedDataset(written)
+    with pytest.raises(NmtError, match="offsets out of order"):
+        list(read_sequential(written, 2))
 
 
 @pytest.mark.parametrize("damage, message", [
