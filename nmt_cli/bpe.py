@@ -44,7 +44,7 @@ from nmt_cli.artifacts import (
 )
 from nmt_cli.errors import NmtError
 from nmt_cli.stages import BpeConfig
-from nmt_cli.streaming import Block, LineProgress, WorkerPool, line_blocks, worker_count
+from nmt_cli.streaming import Block, LineProgress, WorkerPool, cpu_cores, line_blocks, worker_count
 
 MAX_TRAIN_SENTENCE_BYTES = 4192
 PREPARE_COMMAND = "nmt prepare ... --out RAW"
@@ -130,7 +130,7 @@ def train_model(cfg: BpeConfig, files: list[Path], total_sentences: int) -> tupl
             model_type="bpe", vocab_size=cfg.vocab_size, character_coverage=cfg.character_coverage,
             byte_fallback=facts["byte_fallback"], unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1,
             input_sentence_size=0, max_sentence_length=MAX_TRAIN_SENTENCE_BYTES,
-            num_threads=min(len(os.sched_getaffinity(0)), 128), minloglevel=2)
+            num_threads=min(cpu_cores(), 128), minloglevel=2)
     except RuntimeError as e:
         if failure:
             raise failure[0] from None

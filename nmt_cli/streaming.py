@@ -91,11 +91,18 @@ def line_blocks(path: Path, block_bytes: int | None = None) -> Iterator[Block]:
             yield Block(str(path), first_line, bytes(pending))
 
 
+def cpu_cores() -> int:
+    """The CPU cores this process may use (a job scheduler may allow fewer than the machine has)."""
+    if hasattr(os, "sched_getaffinity"):  # Linux
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def worker_count(workers: int) -> int:
     """`workers`, or the CPU cores this process may use when it is 0."""
     if workers < 0:
         raise NmtError(f"workers must be 0 (one per CPU core) or a positive number, not {workers}")
-    return workers or len(os.sched_getaffinity(0))
+    return workers or cpu_cores()
 
 
 class WorkerPool:

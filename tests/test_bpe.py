@@ -141,6 +141,16 @@ def test_vocabulary_larger_than_the_text_allows_is_refused_with_the_fix(tmp_path
     assert (out / "manifest.json").exists()
 
 
+@pytest.mark.parametrize("damaged", ["train.de", "valid.en"])  # read while training / while encoding
+def test_invalid_utf8_is_refused_naming_file_and_line(tmp_path: Path, damaged: str) -> None:
+    text = "the cat sat\nthe dog ran\na bird flew\n"
+    raw = make_prepare_folder(tmp_path / "raw", {"train": (text, text), "valid": (text, text)})
+    (raw / damaged).write_bytes(text.encode().replace(b"dog", b"d\xffg"))  # same size: the manifest agrees
+    out = tmp_path / "bpe"
+    _assert_refused(nmt("bpe", raw, "--out", out, "--vocab-size", 20, "--workers", 2, check=False), out,
+                    f"{raw / damaged}, line 2: invalid UTF-8")
+
+
 def test_output_folder_equal_to_input_is_refused(multi30k_raw: Path) -> None:
     proc = nmt("bpe", multi30k_raw, "--out", multi30k_raw, check=False)
     assert_user_error(proc, "is the input folder")
