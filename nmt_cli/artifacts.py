@@ -25,7 +25,7 @@ from nmt_cli.errors import NmtError
 
 MANIFEST = "manifest.json"
 _UMASK = os.umask(0o022)
-os.umask(_UMASK)
+os.umask(_UMASK)  # read once: mkstemp creates files only the owner can read
 
 
 @contextlib.contextmanager
@@ -39,7 +39,7 @@ def atomic_writer(path: Path, mode: str = "wb") -> Iterator[IO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file what open() would
+        os.fchmod(fd, 0o666 & ~_UMASK)  # the permissions a plain open() would give
         encoding = None if "b" in mode else "utf-8"
         with os.fdopen(fd, mode, encoding=encoding) as f:
             yield f
@@ -193,6 +193,33 @@ def read_manifest(folder: Path, stage: str, command: str) -> dict[str, Any]:
                 f"{file} has {file.stat().st_size} bytes but {path} recorded {record['bytes']}: it was "
                 f"changed or truncated after `nmt {stage}` wrote it; run `{command}` again")
     return manifest
+
+
+def manifest_languages(manifest: dict[str, Any], folder: Path) -> tuple[str, str]:
+    """(src_lang, tgt_lang) of a parallel-corpus folder (prepare, bpe, binarize)."""
+    src, tgt = manifest.get("src_lang"), manifest.get("tgt_lang")
+    if not (isinstance(src, str) and isinstance(tgt, str) and src and tgt and src != tgt):
+        raise NmtError(f"{folder / MANIFEST} must name two different languages in src_lang and tgt_lang "
+                       f"(found {src!r}, {tgt!r}); write the folder again with `nmt {manifest.get('stage')}`")
+    return src, tgt
+
+
+def manifest_split_counts(manifest: dict[str, Any], folder: Path, key: str) -> dict[str, int]:
+    """{split: count} from a manifest's ``"splits": {split: {key: count}}``, in file order; needs "train"."""
+    splits = manifest.get("splits")
+    redo = f"write the folder again with `nmt {manifest.get('stage')}`"
+    if not isinstance(splits, dict) or "train" not in splits:
+        raise NmtError(f"{folder / MANIFEST} lists no train split; {redo}")
+    try:
+        return {name: int(info[key]) for name, info in splits.items()}
+    except (TypeError, KeyError, ValueError):
+        raise NmtError(f"{folder / MANIFEST}: every split needs a '{key}' count; {redo}") from None
+
+
+def check_distinct_folders(out: Path, source: Path) -> None:
+    """Refuse --out equal to the folder being read: the stage would delete that folder's manifest."""
+    if Path(out).resolve() == Path(source).resolve():
+        raise NmtError(f"--out {out} is the input folder; choose another folder (the input would be overwritten)")
 
 
 def is_done(out: Path, stage: str, cfg: Any) -> bool:

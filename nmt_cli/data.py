@@ -119,6 +119,9 @@ class IndexedWriter:
 
     def add_many(self, ids: np.ndarray, lengths: np.ndarray) -> None:
         """Append len(lengths) sentences whose ids are concatenated in `ids`."""
+        assert int(np.sum(lengths)) == ids.size, "lengths must add up to the number of ids"
+        assert ids.size == 0 or 0 <= int(ids.min()) <= int(ids.max()) <= np.iinfo(self.dtype).max, \
+            "an id does not fit the file's dtype: pick it with token_dtype(len(dictionary))"
         self._bin.write(ids.astype(self.dtype, copy=False).tobytes())
         self._idx.write((self.tokens + np.cumsum(lengths, dtype=np.int64)).tobytes())
         self.count += len(lengths)
@@ -138,31 +141,45 @@ class IndexedWriter:
                 ctx.__exit__(RuntimeError, err, None)
 
 
-class IndexedDataset:
-    """Read-only, memory-mapped access to one ``PREFIX.bin``/``PREFIX.idx`` pair."""
-
-    def __init__(self, prefix: Path) -> None:
-        prefix = Path(prefix)
-        idx_path, bin_path = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
-        for path in (idx_path, bin_path):
-            if not path.exists():
-                raise NmtError(f"{path} is missing; run `nmt binarize` again")
-        with open(idx_path, "rb") as f:
-            header = f.read(_HEADER.size)
+def _check_pair(prefix: Path) -> tuple[Path, Path, np.dtype, int]:
+    """(idx path, bin path, dtype, sentence count) of a .bin/.idx pair whose header and sizes agree."""
+    idx_path, bin_path = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
+    for path in (idx_path, bin_path):
+        if not path.exists():
+            raise NmtError(f"{path} is missing; run `nmt binarize` again")
+    with open(idx_path, "rb") as f:
+        header = f.read(_HEADER.size)
         if len(header) < _HEADER.size or header[:8] != _MAGIC:
             raise NmtError(f"{idx_path} is not an nmt index file (bad header); run `nmt binarize` again")
         _, code, count = _HEADER.unpack(header)
         if code not in _DTYPES or idx_path.stat().st_size != _HEADER.size + 8 * (count + 1):
             raise NmtError(f"{idx_path} is truncated or corrupt; run `nmt binarize` again")
-        self.dtype = _DTYPES[code]
+        f.seek(-8, 2)
+        last_offset = int(np.frombuffer(f.read(8), np.int64)[0])
+    dtype = _DTYPES[code]
+    n_tokens = bin_path.stat().st_size // dtype.itemsize
+    if bin_path.stat().st_size % dtype.itemsize or last_offset != n_tokens:
+        raise NmtError(f"{idx_path} points to {last_offset} tokens but {bin_path} holds "
+                       f"{n_tokens}: one of them is truncated or corrupt; run `nmt binarize` again")
+    return idx_path, bin_path, dtype, count
+
+
+def _check_sizes(sizes: np.ndarray, idx_path: Path) -> None:
+    if (sizes < 0).any():
+        raise NmtError(f"{idx_path} has offsets out of order; run `nmt binarize` again")
+
+
+class IndexedDataset:
+    """Read-only, memory-mapped access to one ``PREFIX.bin``/``PREFIX.idx`` pair."""
+
+    def __init__(self, prefix: Path) -> None:
+        idx_path, bin_path, self.dtype, count = _check_pair(Path(prefix))
         self.offsets = np.memmap(idx_path, np.int64, "r", offset=_HEADER.size, shape=(count + 1,))
-        n_tokens = bin_path.stat().st_size // self.dtype.itemsize
-        if bin_path.stat().st_size % self.dtype.itemsize or self.offsets[-1] != n_tokens:
-            raise NmtError(f"{idx_path} points to {int(self.offsets[-1])} tokens but {bin_path} holds "
-                           f"{n_tokens}: one of them is truncated or corrupt; run `nmt binarize` again")
         self.sizes = np.diff(self.offsets).astype(np.int32)
-        if self.offsets[0] != 0 or (self.sizes < 0).any():
+        if self.offsets[0] != 0:
             raise NmtError(f"{idx_path} has offsets out of order; run `nmt binarize` again")
+        _check_sizes(self.sizes, idx_path)
+        n_tokens = int(self.offsets[-1])
         self.tokens = np.memmap(bin_path, self.dtype, "r") if n_tokens else np.zeros(0, self.dtype)
 
     def __len__(self) -> int:
@@ -173,6 +190,27 @@ class IndexedDataset:
 
     def __iter__(self) -> Iterator[np.ndarray]:
         return (self[i] for i in range(len(self)))
+
+
+def read_sequential(prefix: Path, sentences_per_chunk: int = 1 << 16) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(ids, sizes) of consecutive chunks of sentences of a .bin/.idx pair, read with plain reads.
+
+    For one pass over a whole pair (binarize maps provisional ids this way): the pages of a memory
+    map stay resident once read, so reading everything through `IndexedDataset` would grow memory
+    with the file, while this stays flat.
+    """
+    idx_path, bin_path, dtype, count = _check_pair(Path(prefix))
+    with open(idx_path, "rb") as idx, open(bin_path, "rb") as tokens:
+        idx.seek(_HEADER.size)
+        previous = np.fromfile(idx, np.int64, 1)
+        if previous[0] != 0:
+            raise NmtError(f"{idx_path} has offsets out of order; run `nmt binarize` again")
+        for start in range(0, count, sentences_per_chunk):
+            offsets = np.concatenate([previous, np.fromfile(idx, np.int64, min(sentences_per_chunk, count - start))])
+            sizes = np.diff(offsets)
+            _check_sizes(sizes, idx_path)
+            yield np.fromfile(tokens, dtype, int(offsets[-1] - offsets[0])), sizes
+            previous = offsets[-1:]
 
 
 # ---------------------------------------------------------------------------------------------

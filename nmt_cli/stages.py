@@ -59,9 +59,10 @@ class BpeConfig:
     vocab_size: int = opt(37000, "joint source+target sentencepiece vocabulary size (paper: 37000 en-de)")
     model: Path | None = opt(None, "reuse this sentencepiece model instead of training one")
     sample_sentences: int = opt(4_000_000, "train sentencepiece on at most this many sentences (sampled)")
-    character_coverage: float = opt(1.0, "share of characters the model must cover (sentencepiece option)")
+    character_coverage: float = opt(
+        1.0, "share of characters the model must cover, 0.98 to 1 (below 1 the rest become UTF-8 byte pieces)")
     workers: int = opt(0, "processes for encoding (0: one per CPU core)")
-    seed: int = opt(1, "seed of sentencepiece's sentence sampling")
+    seed: int = opt(1, "seed of the sample of training sentences")
 
 
 @dataclass

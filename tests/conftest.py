@@ -46,3 +46,58 @@ def assert_user_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
     assert "Traceback" not in output, f"traceback shown to the user:\n{output}"
     for needle in needles:
         assert needle in output, f"{needle!r} not in:\n{output}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Stand-ins for the output of `nmt prepare` (not merged yet); switch to `nmt prepare local` later.
+
+
+def make_prepare_folder(out: Path, splits: dict[str, tuple[str, str]], src_lang: str = "en",
+                        tgt_lang: str = "de") -> Path:
+    """A folder as `nmt prepare` writes it: {split}.{lang} text and a finished "prepare" manifest.
+
+    `splits` maps a split name to the (source, target) file contents. Made with the real
+    `StageOutput`, so its manifest has the layout the next stage reads.
+    """
+    from nmt_cli.artifacts import StageOutput, count_lines
+    from nmt_cli.stages import PrepareConfig
+
+    cfg = PrepareConfig(dataset="local", out=out, src_lang=src_lang, tgt_lang=tgt_lang, train="train",
+                        valid="valid", test="test" if "test" in splits else None)
+    with StageOutput(out, "prepare", cfg) as stage:
+        for split, texts in splits.items():
+            for lang, text in zip((src_lang, tgt_lang), texts, strict=True):
+                (out / f"{split}.{lang}").write_text(text, encoding="utf-8", newline="")
+                stage.add_output(f"{split}.{lang}")
+        lines = {split: count_lines(out / f"{split}.{src_lang}") for split in splits}
+        assert all(lines[s] == count_lines(out / f"{s}.{tgt_lang}") for s in splits)
+        stage.info.update(src_lang=src_lang, tgt_lang=tgt_lang, splits={s: {"lines": n} for s, n in lines.items()})
+    return out
+
+
+MULTI30K_SPLITS = {"train": "train", "valid": "valid", "test": "test_2016_flickr"}
+
+
+@pytest.fixture(scope="session")
+def multi30k_raw(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Multi30k en-de (train/valid/test_2016_flickr) as a prepare folder (stand-in for `nmt prepare local`)."""
+    folder = shared_data / "multi30k" / "en-de"
+    texts = {split: tuple((folder / f"{name}.{lang}").read_text(encoding="utf-8") for lang in ("en", "de"))
+             for split, name in MULTI30K_SPLITS.items()}
+    return make_prepare_folder(tmp_path_factory.mktemp("multi30k") / "raw", texts)
+
+
+@pytest.fixture(scope="session")
+def multi30k_bpe(multi30k_raw: Path) -> Path:
+    """`nmt bpe` of Multi30k with an 8000-piece model."""
+    out = multi30k_raw.parent / "bpe"
+    nmt("bpe", multi30k_raw, "--out", out, "--vocab-size", 8000, "--workers", 2)
+    return out
+
+
+@pytest.fixture(scope="session")
+def multi30k_bin(multi30k_bpe: Path) -> Path:
+    """`nmt binarize` of the Multi30k pieces."""
+    out = multi30k_bpe.parent / "bin"
+    nmt("binarize", multi30k_bpe, "--out", out, "--workers", 2)
+    return out

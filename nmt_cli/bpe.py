@@ -1,0 +1,253 @@
+"""`nmt bpe`: learn one sentencepiece BPE model for both languages and split every sentence into pieces.
+
+Reads a folder written by `nmt prepare` ({split}.{lang} text and its manifest) and writes
+``spm.model``/``spm.vocab`` and ``{split}.{lang}`` as space-separated pieces, one line per input
+line (an empty line stays empty), so `nmt binarize` can build the joint dictionary.
+
+How the model is trained (the paper: "byte-pair encoding with a shared source-target vocabulary of
+about 37000 tokens"):
+- On at most `sample_sentences` training sentences of both languages, drawn uniformly without
+  replacement with our own seed. We sample here rather than with sentencepiece's
+  `input_sentence_size`, whose reservoir sampler has a fixed seed built into the library.
+- No bos/eos/pad pieces: `data.Dictionary` adds its own specials; sentencepiece keeps only `<unk>`.
+- Byte fallback only when `character_coverage < 1`: then the rare characters left out of the
+  alphabet become UTF-8 byte pieces the model can learn instead of `<unk>`. With full coverage every
+  training character is a piece, byte pieces would never occur in the training text and never reach
+  the dictionary, and they would only take 256 slots of the vocabulary.
+- Lines longer than `MAX_TRAIN_SENTENCE_BYTES` (sentencepiece's default, stated here) are left out of
+  training (they are mostly noise, and slow the trainer); they are still encoded. The count is reported.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sentencepiece as spm
+from rich.console import Console
+from rich.table import Table
+
+from nmt_cli.artifacts import (
+    StageOutput,
+    atomic_writer,
+    check_distinct_folders,
+    manifest_languages,
+    manifest_split_counts,
+    read_manifest,
+    sha256_file,
+)
+from nmt_cli.errors import NmtError
+from nmt_cli.stages import BpeConfig
+from nmt_cli.streaming import Block, LineProgress, WorkerPool, cpu_cores, line_blocks, worker_count
+
+MAX_TRAIN_SENTENCE_BYTES = 4192
+PREPARE_COMMAND = "nmt prepare ... --out RAW"
+
+
+def run(cfg: BpeConfig) -> None:
+    raw = read_manifest(cfg.raw, "prepare", PREPARE_COMMAND)
+    src, tgt = manifest_languages(raw, cfg.raw)
+    lines = manifest_split_counts(raw, cfg.raw, "lines")
+    check_distinct_folders(cfg.out, cfg.raw)
+    _check_settings(cfg)
+    reused = load_model(cfg.model) if cfg.model is not None else None
+    with StageOutput(cfg.out, "bpe", cfg) as stage:
+        stage.inputs["raw"] = {"folder": str(cfg.raw.resolve()), "manifest_sha256": sha256_file(cfg.raw / "manifest.json")}
+        if reused is not None:
+            stage.inputs["model"] = {"path": str(cfg.model.resolve()), "sha256": sha256_file(cfg.model)}
+            model, training = reused, {"trained": False}
+        else:
+            train_files = [cfg.raw / f"train.{src}", cfg.raw / f"train.{tgt}"]
+            model, training = train_model(cfg, train_files, 2 * lines["train"])
+        with atomic_writer(cfg.out / "spm.model") as f:
+            f.write(model)
+        processor = spm.SentencePieceProcessor(model_proto=model)
+        write_vocab(processor, cfg.out / "spm.vocab")
+        pieces = encode_corpus(cfg, cfg.out / "spm.model", lines, (src, tgt))
+        stage.add_output("spm.model", checksum=True)
+        stage.add_output("spm.vocab")
+        for split in lines:
+            for lang in (src, tgt):
+                stage.add_output(f"{split}.{lang}")
+        stage.info.update(src_lang=src, tgt_lang=tgt, vocab_size=processor.get_piece_size(),
+                          splits={s: {"lines": n, "pieces": pieces[s]} for s, n in lines.items()},
+                          sentencepiece={"version": spm.__version__, **training})
+    _print_summary(cfg.out, lines, pieces, processor.get_piece_size())
+
+
+def _check_settings(cfg: BpeConfig) -> None:
+    """Refuse bad settings before the output folder is touched."""
+    if not 0.98 <= cfg.character_coverage <= 1.0:  # sentencepiece's own range, said clearly
+        raise NmtError(f"character_coverage must be between 0.98 and 1.0, not {cfg.character_coverage}")
+    if cfg.sample_sentences <= 0:
+        raise NmtError(f"sample_sentences must be positive, not {cfg.sample_sentences}")
+    if cfg.vocab_size <= 0:
+        raise NmtError(f"--vocab-size must be positive, not {cfg.vocab_size}")
+    worker_count(cfg.workers)
+
+
+# ---------------------------------------------------------------------------------------------
+# The sentencepiece model
+
+
+def load_model(path: Path) -> bytes:
+    """The bytes of a sentencepiece model file, checked to load and to give pieces without spaces."""
+    try:
+        model = path.read_bytes()
+    except FileNotFoundError:
+        raise NmtError(f"--model {path} does not exist") from None
+    except OSError as e:
+        raise NmtError(f"cannot read --model {path}: {e.strerror}") from None
+    try:
+        processor = spm.SentencePieceProcessor(model_proto=model)
+    except RuntimeError:
+        raise NmtError(f"--model {path} is not a sentencepiece model (it does not load as one); pass the "
+                       "spm.model written by `nmt bpe` or by spm_train, or leave --model out to train one") from None
+    if any(" " in piece for piece in processor.encode("a b", out_type=str)):
+        raise NmtError(f"--model {path} keeps spaces inside pieces (trained without whitespace escaping), "
+                       "so pieces could not be written space-separated; train a model with `nmt bpe`")
+    return model
+
+
+def train_model(cfg: BpeConfig, files: list[Path], total_sentences: int) -> tuple[bytes, dict[str, Any]]:
+    """Train a BPE model on a seeded sample of the lines of `files`; returns (model bytes, facts)."""
+    chosen = _choose_lines(total_sentences, cfg.sample_sentences, cfg.seed)
+    facts: dict[str, Any] = {
+        "trained": True, "model_type": "bpe", "training_sentences": total_sentences,
+        "sampled_sentences": total_sentences if chosen is None else len(chosen), "too_long_sentences": 0,
+        "byte_fallback": cfg.character_coverage < 1.0}
+    failure: list[BaseException] = []  # sentencepiece turns an error in our iterator into a bare RuntimeError
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=_training_sentences(cfg, files, chosen, facts, failure), model_writer=model,
+            model_type="bpe", vocab_size=cfg.vocab_size, character_coverage=cfg.character_coverage,
+            byte_fallback=facts["byte_fallback"], unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1,
+            input_sentence_size=0, max_sentence_length=MAX_TRAIN_SENTENCE_BYTES,
+            num_threads=min(cpu_cores(), 128), minloglevel=2)
+    except RuntimeError as e:
+        if failure:
+            raise failure[0] from None
+        raise NmtError(_training_error(str(e), files)) from None
+    return model.getvalue(), facts
+
+
+def _choose_lines(total: int, sample: int, seed: int) -> np.ndarray | None:
+    """Sorted line numbers (0-based over all files) of a uniform sample, or None to take every line."""
+    if total <= sample:
+        return None
+    return np.sort(np.random.default_rng(seed).choice(total, size=sample, replace=False))
+
+
+def _training_sentences(cfg: BpeConfig, files: list[Path], chosen: np.ndarray | None, facts: dict[str, Any],
+                        failure: list[BaseException]) -> Iterator[str]:
+    """The chosen lines of `files`, in file order, for sentencepiece's trainer (which keeps them all)."""
+    try:
+        with LineProgress("bpe", "read training text", facts["training_sentences"]) as progress:
+            number = 0  # of the block's first line, counted over all files
+            for path in files:
+                for block in line_blocks(path):
+                    lines = block.lines()
+                    if chosen is not None:
+                        lo, hi = np.searchsorted(chosen, [number, number + len(lines)])
+                        lines = [lines[i] for i in (chosen[lo:hi] - number).tolist()]
+                    number += block.line_count
+                    facts["too_long_sentences"] += sum(
+                        len(line) * 4 > MAX_TRAIN_SENTENCE_BYTES and len(line.encode()) > MAX_TRAIN_SENTENCE_BYTES
+                        for line in lines)
+                    yield from lines
+                    progress.advance(block.line_count)
+    except BaseException as e:
+        failure.append(e)
+        raise
+    print(f"stage=bpe step=train sentences={facts['sampled_sentences']} vocab_size={cfg.vocab_size} "
+          f"too_long_sentences={facts['too_long_sentences']} (sentencepiece; this can take a while)",
+          file=sys.stderr, flush=True)
+
+
+_TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
+_TOO_SMALL = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
+
+
+def _training_error(message: str, files: list[Path]) -> str:
+    text = " and ".join(map(str, files))
+    if match := _TOO_HIGH.search(message):
+        return (f"--vocab-size {match[1]} is larger than the training text allows: {text} yield at most "
+                f"{match[2]} pieces; pass --vocab-size {match[2]} or less (or train on more text)")
+    if match := _TOO_SMALL.search(message):
+        return (f"--vocab-size {match[1]} is smaller than the alphabet of {text} ({match[2]} characters and "
+                f"<unk>); pass --vocab-size {match[2]} or more, or lower character_coverage with --set")
+    if "!sentences_.empty()" in message:
+        return f"{text} hold no text to train on; check the output of `nmt prepare`"
+    first = message.strip().splitlines()[0] if message.strip() else "unknown error"
+    return f"sentencepiece could not train on {text}: {first}"
+
+
+def write_vocab(processor: spm.SentencePieceProcessor, path: Path) -> None:
+    """``piece<TAB>score`` per line, the format spm_train writes next to its model."""
+    with atomic_writer(path, "w") as f:
+        for i in range(processor.get_piece_size()):
+            f.write(f"{processor.id_to_piece(i)}\t{processor.get_score(i):g}\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding every split
+
+
+_PROCESSOR: dict[tuple[str, int, int], spm.SentencePieceProcessor] = {}  # per process, by file identity
+
+
+def _encode_block(task: tuple[str, Block]) -> tuple[int, int, bytes]:
+    """(lines, pieces, encoded text) of one block; every input line gives one output line."""
+    model_path, block = task
+    stat = os.stat(model_path)
+    key = (model_path, stat.st_mtime_ns, stat.st_size)
+    if key not in _PROCESSOR:  # once per worker: tasks carry the model's path, not its bytes
+        _PROCESSOR.clear()
+        _PROCESSOR[key] = spm.SentencePieceProcessor(model_file=model_path)
+    lines = block.lines()
+    # one thread: the parallelism is across worker processes
+    pieces = _PROCESSOR[key].encode(lines, out_type=str, num_threads=1)
+    text = "\n".join(map(" ".join, pieces)) + "\n"
+    return len(lines), sum(map(len, pieces)), text.encode()
+
+
+def encode_corpus(cfg: BpeConfig, model: Path, lines: dict[str, int],
+                  langs: tuple[str, str]) -> dict[str, dict[str, int]]:
+    """Write OUT/{split}.{lang} for every split and language; returns {split: {lang: pieces}}."""
+    pieces: dict[str, dict[str, int]] = {}
+    model_path = str(model.resolve())
+    with WorkerPool(cfg.workers) as pool, LineProgress("bpe", "encode", 2 * sum(lines.values())) as progress:
+        for split, expected in lines.items():
+            pieces[split] = {}
+            for lang in langs:
+                source = cfg.raw / f"{split}.{lang}"
+                done, count = 0, 0
+                with atomic_writer(cfg.out / f"{split}.{lang}") as out:
+                    tasks = ((model_path, block) for block in line_blocks(source))
+                    for n_lines, n_pieces, text in pool.map(_encode_block, tasks):
+                        out.write(text)
+                        done, count = done + n_lines, count + n_pieces
+                        progress.advance(n_lines)
+                    if done != expected:
+                        raise NmtError(f"{source} has {done} lines but {cfg.raw}/manifest.json records {expected}: "
+                                       f"it changed after `nmt prepare` wrote it; run `{PREPARE_COMMAND}` again")
+                pieces[split][lang] = count
+    return pieces
+
+
+def _print_summary(out: Path, lines: dict[str, int], pieces: dict[str, dict[str, int]], vocab_size: int) -> None:
+    table = Table(title=f"nmt bpe: {vocab_size} pieces, written to {out}")
+    table.add_column("split")
+    table.add_column("lines", justify="right")
+    for lang in next(iter(pieces.values())):
+        table.add_column(f"pieces/line {lang}", justify="right")
+    for split, n in lines.items():
+        table.add_row(split, str(n), *(f"{c / max(n, 1):.1f}" for c in pieces[split].values()))
+    Console().print(table)
