@@ -222,10 +222,23 @@ def check_distinct_folders(out: Path, source: Path) -> None:
         raise NmtError(f"--out {out} is the input folder; choose another folder (the input would be overwritten)")
 
 
+# Config fields that change how a stage runs, not what it writes.
+_RUN_ONLY_FIELDS = {"workers"}
+
+
 def is_done(out: Path, stage: str, cfg: Any) -> bool:
-    """True when `out` holds a finished run of `stage` with exactly this config (so it can be skipped)."""
+    """True when `out` holds a finished run of `stage` with this config and unchanged input folders,
+    so the run can be skipped (what lets a recipe be re-run from the top)."""
     try:
         manifest = read_manifest(out, stage, f"nmt {stage}")
     except NmtError:
         return False
-    return manifest.get("config") == json.loads(json.dumps(to_dict(cfg)))
+    def comparable(config: Any) -> Any:
+        return {k: v for k, v in config.items() if k not in _RUN_ONLY_FIELDS} if isinstance(config, dict) else config
+    if comparable(manifest.get("config")) != comparable(json.loads(json.dumps(to_dict(cfg)))):
+        return False
+    for record in manifest.get("inputs", {}).values():
+        upstream = Path(record["folder"]) / MANIFEST if isinstance(record, dict) and "manifest_sha256" in record else None
+        if upstream is not None and (not upstream.exists() or sha256_file(upstream) != record["manifest_sha256"]):
+            return False
+    return True

@@ -16,6 +16,7 @@ split when `--dictionary` is given, are written with dictionary ids directly.
 from __future__ import annotations
 
 import os
+import sys
 from collections import Counter
 from collections.abc import Callable
 from itertools import repeat
@@ -31,6 +32,7 @@ from nmt_cli.artifacts import (
     StageOutput,
     atomic_writer,
     check_distinct_folders,
+    is_done,
     manifest_languages,
     manifest_split_counts,
     read_manifest,
@@ -45,6 +47,10 @@ BPE_COMMAND = "nmt bpe RAW --out BPE"
 
 
 def run(cfg: BinarizeConfig) -> None:
+    if is_done(cfg.out, "binarize", cfg):
+        print(f"nothing to do: {cfg.out} already holds this binarize run (same config, unchanged input); "
+              "delete its manifest.json to run it again", file=sys.stderr)
+        return
     bpe = read_manifest(cfg.bpe, "bpe", BPE_COMMAND)
     src, tgt = manifest_languages(bpe, cfg.bpe)
     lines = manifest_split_counts(bpe, cfg.bpe, "lines")

@@ -37,6 +37,7 @@ from nmt_cli.artifacts import (
     StageOutput,
     atomic_writer,
     check_distinct_folders,
+    is_done,
     manifest_languages,
     manifest_split_counts,
     read_manifest,
@@ -51,6 +52,10 @@ PREPARE_COMMAND = "nmt prepare ... --out RAW"
 
 
 def run(cfg: BpeConfig) -> None:
+    if is_done(cfg.out, "bpe", cfg):
+        print(f"nothing to do: {cfg.out} already holds this bpe run (same config, unchanged input); "
+              "delete its manifest.json to run it again", file=sys.stderr)
+        return
     raw = read_manifest(cfg.raw, "prepare", PREPARE_COMMAND)
     src, tgt = manifest_languages(raw, cfg.raw)
     lines = manifest_split_counts(raw, cfg.raw, "lines")

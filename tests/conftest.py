@@ -49,15 +49,16 @@ def assert_user_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Stand-ins for the output of `nmt prepare` (not merged yet); switch to `nmt prepare local` later.
+# The data pipeline on real text, once per test session
 
 
 def make_prepare_folder(out: Path, splits: dict[str, tuple[str, str]], src_lang: str = "en",
                         tgt_lang: str = "de") -> Path:
-    """A folder as `nmt prepare` writes it: {split}.{lang} text and a finished "prepare" manifest.
+    """A folder as `nmt prepare` writes it, holding exactly the given text.
 
-    `splits` maps a split name to the (source, target) file contents. Made with the real
-    `StageOutput`, so its manifest has the layout the next stage reads.
+    For tests of later stages that need text `nmt prepare` would clean away (empty lines, odd
+    characters). `splits` maps a split name to the (source, target) file contents. Made with the
+    real `StageOutput`, so its manifest has the layout the next stage reads.
     """
     from nmt_cli.artifacts import StageOutput, count_lines
     from nmt_cli.stages import PrepareConfig
@@ -80,11 +81,12 @@ MULTI30K_SPLITS = {"train": "train", "valid": "valid", "test": "test_2016_flickr
 
 @pytest.fixture(scope="session")
 def multi30k_raw(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Multi30k en-de (train/valid/test_2016_flickr) as a prepare folder (stand-in for `nmt prepare local`)."""
+    """`nmt prepare local` of Multi30k en-de (train, valid, test_2016_flickr), cleaned with the defaults."""
     folder = shared_data / "multi30k" / "en-de"
-    texts = {split: tuple((folder / f"{name}.{lang}").read_text(encoding="utf-8") for lang in ("en", "de"))
-             for split, name in MULTI30K_SPLITS.items()}
-    return make_prepare_folder(tmp_path_factory.mktemp("multi30k") / "raw", texts)
+    out = tmp_path_factory.mktemp("multi30k") / "raw"
+    nmt("prepare", "local", "--src-lang", "en", "--tgt-lang", "de", "--out", out,
+        *(f"--{split}={folder / name}" for split, name in MULTI30K_SPLITS.items()))
+    return out
 
 
 @pytest.fixture(scope="session")
