@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -153,6 +154,7 @@ class StageOutput:
         atomic_write_text(self.out / "config.yaml", dump_yaml(self.cfg))
         manifest = {
             "stage": self.stage,
+            "run_id": uuid.uuid4().hex,  # every run differs, so later stages notice any redo of this one
             "nmt_version": __version__,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "python": platform.python_version(),
