@@ -148,9 +148,14 @@ class DecoderLayer(nn.Module):
     def _cross_attention(self, h: Tensor, enc: Encoded, cache: dict[str, Tensor] | None) -> Tensor:
         if cache is None:
             k, v = self.cross_attn.keys_values(enc.memory)
-        else:
-            k, v = cache["memory_k"], cache["memory_v"]
-        return self.cross_attn.attend(self.cross_attn.query(h), k, v, mask=enc.mask)
+            return self.cross_attn.attend(self.cross_attn.query(h), k, v, mask=enc.mask)
+        # Incremental: h is (B * beam, 1, D), the rows of each sentence next to each other. The beams
+        # of a sentence become that sentence's queries, so all of them attend to its one copy of the
+        # encoder keys/values (B, H, S, K): nothing is copied per beam or per step.
+        k, v = cache["memory_k"], cache["memory_v"]
+        rows, sentences = h.shape[0], k.shape[0]
+        y = self.cross_attn.attend(self.cross_attn.query(h.view(sentences, rows // sentences, -1)), k, v, mask=enc.mask)
+        return y.view(rows, 1, -1)
 
 
 class Transformer(nn.Module):
@@ -211,17 +216,25 @@ class Transformer(nn.Module):
         return cache
 
     def decode_step(self, tokens: Tensor, step: int, enc: Encoded, cache: Cache) -> Tensor:
-        """tokens (B,) at target position `step` (0 for BOS) -> logits (B, V) of the next token."""
-        x = self._embed(tokens[:, None], start=step)  # (B, 1, D)
+        """tokens (B * beam,) at target position `step` (0 for BOS) -> logits (B * beam, V) of the
+        next token. Rows are grouped by sentence: rows b * beam ... (b + 1) * beam - 1 belong to
+        sentence b of `enc` (B sentences); beam may be 1."""
+        x = self._embed(tokens[:, None], start=step)  # (B * beam, 1, D)
         for layer, layer_cache in zip(self.decoder, cache, strict=True):
             x = layer(x, enc, layer_cache)
         return self.logits(self.decoder_norm(x[:, 0]))
 
     @staticmethod
-    def reorder(enc: Encoded, cache: Cache, order: Tensor) -> tuple[Encoded, Cache]:
-        """Keep batch rows `order` (B',) of the state: beams that survive, sentences not finished."""
-        enc = Encoded(enc.memory.index_select(0, order), enc.mask.index_select(0, order))
-        cache = [{name: t.index_select(0, order) for name, t in layer.items()} for layer in cache]
+    def reorder(enc: Encoded, cache: Cache, order: Tensor, sentences: Tensor | None = None) -> tuple[Encoded, Cache]:
+        """Keep decoder rows `order` (N',): the beams that survive, grouped by sentence as in
+        `decode_step`. Encoder states are shared by a sentence's beams, so they change only when
+        sentences leave: `sentences` (B',) are the ones still decoding (None: all)."""
+        cache = [{name: t if name.startswith("memory") else t.index_select(0, order) for name, t in layer.items()}
+                 for layer in cache]
+        if sentences is not None:
+            enc = Encoded(enc.memory.index_select(0, sentences), enc.mask.index_select(0, sentences))
+            cache = [{name: t.index_select(0, sentences) if name.startswith("memory") else t
+                      for name, t in layer.items()} for layer in cache]
         return enc, cache
 
 
