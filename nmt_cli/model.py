@@ -77,7 +77,18 @@ class Attention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
         """(B, H, T, K) queries over (B, H, L, K) keys/values -> (B, T, D). `mask` is True where allowed."""
         p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+        return self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal))
+
+    def attend_step(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+        """`attend` for the few queries of one decoding step (no dropout): plain matrix products, with
+        the softmax in fp32. For one query row per head the fused SDPA kernel is several times slower
+        on the CPU, where its tiling is made for long query blocks."""
+        scores = torch.matmul(q, k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5  # (B, H, T, L)
+        if mask is not None:
+            scores.masked_fill_(~mask, -math.inf)
+        return self._merge(torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v))
+
+    def _merge(self, y: Tensor) -> Tensor:  # (B, H, T, K) -> W^O applied to the heads side by side (B, T, D)
         B, H, T, K = y.shape
         return self.out_proj(y.transpose(1, 2).reshape(B, T, H * K))
 
@@ -140,10 +151,8 @@ class DecoderLayer(nn.Module):
         q, k, v = self.self_attn.qkv(h)
         if cache is None:  # whole target at once: position t sees positions <= t (causal mask)
             return self.self_attn.attend(q, k, v, causal=True)
-        if "k" in cache:  # one new position: it sees everything cached so far, no mask needed
-            k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
-        cache["k"], cache["v"] = k, v
-        return self.self_attn.attend(q, k, v)
+        # One new position: it sees everything cached so far, no mask needed.
+        return self.self_attn.attend_step(q, _append(cache, "k", k), _append(cache, "v", v))
 
     def _cross_attention(self, h: Tensor, enc: Encoded, cache: dict[str, Tensor] | None) -> Tensor:
         if cache is None:
@@ -154,8 +163,34 @@ class DecoderLayer(nn.Module):
         # encoder keys/values (B, H, S, K): nothing is copied per beam or per step.
         k, v = cache["memory_k"], cache["memory_v"]
         rows, sentences = h.shape[0], k.shape[0]
-        y = self.cross_attn.attend(self.cross_attn.query(h.view(sentences, rows // sentences, -1)), k, v, mask=enc.mask)
+        y = self.cross_attn.attend_step(self.cross_attn.query(h.view(sentences, rows // sentences, -1)), k, v, enc.mask)
         return y.view(rows, 1, -1)
+
+
+def _append(cache: dict[str, Tensor], name: str, new: Tensor) -> Tensor:
+    """Add the newest position's keys or values (N, H, 1, K) after the cached ones and return all so far
+    (N, H, t + 1, K): a view of `name_buffer`, which has room to grow (doubled when full), so a step
+    writes one position instead of copying the whole cache."""
+    rows, old = new.shape[0], cache.get(name)
+    length = 0 if old is None else old.shape[2]
+    buffer = cache.get(f"{name}_buffer")
+    if buffer is None or buffer.shape[2] == length:
+        buffer = new.new_empty(rows, new.shape[1], max(2 * length, 16), new.shape[3])
+        if old is not None:
+            buffer[:, :, :length] = old
+        cache[f"{name}_buffer"] = buffer
+    buffer[:rows, :, length] = new[:, :, 0]
+    cache[name] = buffer[:rows, :, : length + 1]
+    return cache[name]
+
+
+def _reorder_rows(cache: dict[str, Tensor], name: str, order: Tensor) -> None:
+    """Keep rows `order` of cached `name`, copied once into the spare buffer, which then becomes the buffer."""
+    old, buffer, spare = cache[name], cache[f"{name}_buffer"], cache.get(f"{name}_spare")
+    if spare is None or spare.shape[0] < len(order) or spare.shape[2] < buffer.shape[2]:
+        spare = buffer.new_empty(len(order), *buffer.shape[1:])
+    cache[name] = torch.index_select(old, 0, order, out=spare[: len(order), :, : old.shape[2]])
+    cache[f"{name}_buffer"], cache[f"{name}_spare"] = spare, buffer
 
 
 class Transformer(nn.Module):
@@ -229,12 +264,15 @@ class Transformer(nn.Module):
         """Keep decoder rows `order` (N',): the beams that survive, grouped by sentence as in
         `decode_step`. Encoder states are shared by a sentence's beams, so they change only when
         sentences leave: `sentences` (B',) are the ones still decoding (None: all)."""
-        cache = [{name: t if name.startswith("memory") else t.index_select(0, order) for name, t in layer.items()}
-                 for layer in cache]
+        for layer in cache:
+            for name in ("k", "v"):
+                if name in layer:
+                    _reorder_rows(layer, name, order)
+            if sentences is not None:
+                layer["memory_k"] = layer["memory_k"].index_select(0, sentences)
+                layer["memory_v"] = layer["memory_v"].index_select(0, sentences)
         if sentences is not None:
             enc = Encoded(enc.memory.index_select(0, sentences), enc.mask.index_select(0, sentences))
-            cache = [{name: t.index_select(0, sentences) if name.startswith("memory") else t
-                      for name, t in layer.items()} for layer in cache]
         return enc, cache
 
 

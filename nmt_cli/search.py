@@ -102,23 +102,23 @@ def _extensions(logits: Tensor, scores: Tensor, k: int, force_eos: Tensor) -> tu
     logits (B * W, V) from the decoder, scores (B, W) log-probabilities so far (-inf: empty slot),
     force_eos (B,) sentences at their maximum length. Returns log-probabilities (B, k) best first,
     the slot each extends (B, k) and its token (B, k). A sentence's best k extensions lie among the
-    best k of each of its slots, so only those need their log-probability (log_softmax = logit - logsumexp).
+    best k of each of its slots, so only those are combined with the slots' scores.
     """
     B, W = scores.shape
-    logits = logits.float()
-    log_norm = torch.logsumexp(logits, dim=-1, keepdim=True)  # (B * W, 1)
-    logits[:, PAD] = -math.inf  # never produced; the model's probabilities are not renormalised
-    logits[:, BOS] = -math.inf
-    per_slot = min(k, logits.shape[-1])
-    top_logits, top_tokens = logits.topk(per_slot, dim=-1)  # (B * W, k)
-    log_probs = top_logits - log_norm
+    # log_softmax accumulates in fp32 whatever the model's dtype; its output keeps that dtype.
+    log_probs = torch.log_softmax(logits, dim=-1)  # (B * W, V)
+    log_probs[:, PAD] = -math.inf  # never produced; the model's probabilities are not renormalised
+    log_probs[:, BOS] = -math.inf
+    per_slot = min(k, log_probs.shape[-1])
+    top_log_probs, top_tokens = log_probs.topk(per_slot, dim=-1)  # (B * W, k)
+    top_log_probs = top_log_probs.float()
     if bool(force_eos.any()):
-        forced = force_eos.repeat_interleave(W)
-        eos_only = torch.full_like(log_probs, -math.inf)
-        eos_only[:, 0] = logits[:, EOS] - log_norm[:, 0]
-        log_probs = torch.where(forced[:, None], eos_only, log_probs)
-        top_tokens = torch.where(forced[:, None], torch.full_like(top_tokens, EOS), top_tokens)
-    candidates = (scores.reshape(-1, 1) + log_probs).view(B, W * per_slot)
+        forced = force_eos.repeat_interleave(W)[:, None]
+        eos_only = torch.full_like(top_log_probs, -math.inf)
+        eos_only[:, 0] = log_probs[:, EOS].float()
+        top_log_probs = torch.where(forced, eos_only, top_log_probs)
+        top_tokens = torch.where(forced, torch.full_like(top_tokens, EOS), top_tokens)
+    candidates = (scores.reshape(-1, 1) + top_log_probs).view(B, W * per_slot)
     values, index = candidates.topk(min(k, W * per_slot), dim=1)
     return values, index // per_slot, top_tokens.view(B, W * per_slot).gather(1, index)
 

@@ -16,6 +16,7 @@ and no text).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -157,10 +158,26 @@ def _check(cfg: TranslateConfig) -> None:
         raise NmtError(f"input file {cfg.input} does not exist")
 
 
+def keep_freed_memory() -> None:
+    """Make glibc's malloc keep and reuse freed memory instead of handing every large block back to
+    the system: a decoding step allocates and frees tensors of many MB, and each fresh page from the
+    system costs a page fault (the cache reorders ran 3-7x slower). Memory still peaks where use
+    peaks. Linux/glibc only; elsewhere nothing changes."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_trim_threshold, m_mmap_max = -1, -4  # mallopt parameters of glibc's malloc.h
+    libc.mallopt(m_mmap_max, 0)
+    libc.mallopt(m_trim_threshold, 1 << 30)
+
+
 def load_translator(cfg: TranslateConfig, warn: Warn) -> Translator:
     device, dtype = _device_and_dtype(cfg)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
+    if device.type == "cpu":
+        keep_freed_memory()
     model, dictionary, spm_bytes = checkpoint.load_model(cfg.model, device)
     sp = spm.SentencePieceProcessor()
     try:
