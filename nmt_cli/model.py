@@ -168,29 +168,25 @@ class DecoderLayer(nn.Module):
 
 
 def _append(cache: dict[str, Tensor], name: str, new: Tensor) -> Tensor:
-    """Add the newest position's keys or values (N, H, 1, K) after the cached ones and return all so far
-    (N, H, t + 1, K): a view of `name_buffer`, which has room to grow (doubled when full), so a step
-    writes one position instead of copying the whole cache."""
-    rows, old = new.shape[0], cache.get(name)
-    length = 0 if old is None else old.shape[2]
-    buffer = cache.get(f"{name}_buffer")
-    if buffer is None or buffer.shape[2] == length:
-        buffer = new.new_empty(rows, new.shape[1], max(2 * length, 16), new.shape[3])
-        if old is not None:
-            buffer[:, :, :length] = old
-        cache[f"{name}_buffer"] = buffer
-    buffer[:rows, :, length] = new[:, :, 0]
-    cache[name] = buffer[:rows, :, : length + 1]
+    """Add the newest position's keys or values (N, H, 1, K) after the cached ones; returns all so far,
+    (N, H, t + 1, K) and contiguous (batched matrix products copy strided operands first). `reorder`
+    leaves a free last position in its copy, so a beam step copies the cache once, not twice."""
+    slot = cache.pop(f"{name}_next", None)
+    if slot is not None:
+        slot[:, :, -1:] = new
+        cache[name] = slot
+    else:
+        cache[name] = torch.cat([cache[name], new], dim=2) if name in cache else new
     return cache[name]
 
 
 def _reorder_rows(cache: dict[str, Tensor], name: str, order: Tensor) -> None:
-    """Keep rows `order` of cached `name`, copied once into the spare buffer, which then becomes the buffer."""
-    old, buffer, spare = cache[name], cache[f"{name}_buffer"], cache.get(f"{name}_spare")
-    if spare is None or spare.shape[0] < len(order) or spare.shape[2] < buffer.shape[2]:
-        spare = buffer.new_empty(len(order), *buffer.shape[1:])
-    cache[name] = torch.index_select(old, 0, order, out=spare[: len(order), :, : old.shape[2]])
-    cache[f"{name}_buffer"], cache[f"{name}_spare"] = spare, buffer
+    """Keep rows `order` of the cached `name`, copied into a tensor with one free position at the end."""
+    old = cache[name]
+    rows, heads, length, width = old.shape
+    following = old.new_empty(len(order), heads, length + 1, width)
+    cache[name] = torch.index_select(old, 0, order, out=following[:, :, :length])
+    cache[f"{name}_next"] = following
 
 
 class Transformer(nn.Module):
@@ -246,8 +242,8 @@ class Transformer(nn.Module):
         """A fresh cache holding each layer's keys/values over the encoder output."""
         cache = []
         for layer in self.decoder:
-            k, v = layer.cross_attn.keys_values(enc.memory)
-            cache.append({"memory_k": k, "memory_v": v})
+            k, v = layer.cross_attn.keys_values(enc.memory)  # contiguous: every step's matmul reads them as is
+            cache.append({"memory_k": k.contiguous(), "memory_v": v.contiguous()})
         return cache
 
     def decode_step(self, tokens: Tensor, step: int, enc: Encoded, cache: Cache) -> Tensor:
