@@ -14,8 +14,11 @@ sacreBLEU of each output, as a check that the model translates.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `nmt translate` does; must precede `import torch`
 
 import numpy as np
 import sacrebleu

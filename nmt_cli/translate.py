@@ -224,7 +224,8 @@ def run(cfg: TranslateConfig) -> None:
         stream = sys.stdin.buffer if cfg.input is None else stack.enter_context(open(cfg.input, "rb"))
         out = sys.stdout.buffer if cfg.output is None else stack.enter_context(atomic_writer(cfg.output))
         total = count_lines(cfg.input) if cfg.input is not None else None
-        progress = None if interactive else stack.enter_context(_progress(total))
+        bar = sys.stderr.isatty() and (cfg.output is not None or not sys.stdout.isatty())
+        progress = None if interactive else stack.enter_context(_progress(total, bar))
         lines = translate_stream(translator, stream, out, interactive, progress)
     if not interactive:
         seconds = time.perf_counter() - start
@@ -233,14 +234,16 @@ def run(cfg: TranslateConfig) -> None:
 
 
 @contextlib.contextmanager
-def _progress(total: int | None) -> Iterator[Callable[[int], None]]:
-    """A rich progress bar on a terminal; otherwise a plain log line every 10 s."""
-    if sys.stderr.isatty():
+def _progress(total: int | None, bar: bool) -> Iterator[Callable[[int], None]]:
+    """A rich progress bar on stderr (`bar`: a terminal that translations do not go to); otherwise
+    a plain log line every 10 s."""
+    if bar:
+        from rich.console import Console
         from rich.progress import Progress
 
-        with Progress(transient=True) as bar:
-            task = bar.add_task("translating", total=total)
-            yield lambda n: bar.advance(task, n)
+        with Progress(console=Console(stderr=True), transient=True) as display:
+            task = display.add_task("translating", total=total)
+            yield lambda n: display.advance(task, n)
         return
     state = {"done": 0, "last": time.perf_counter()}
 
