@@ -83,11 +83,13 @@ class Translator:
 
     def translate(self, lines: Sequence[str], first_number: int = 1,
                   on_batch: Callable[[int], None] | None = None) -> list[list[tuple[float, str]]]:
-        """Each line's n-best (score, text), best first; a blank line gets no hypothesis."""
+        """Each line's n-best (score, text), best first; a line without pieces (blank, or only
+        characters the sentencepiece model drops) gets no hypothesis and the model does not run."""
         sources, where = [], []
         for i, text in enumerate(lines):
-            if text.strip():
-                sources.append(self.encode(text, first_number + i))
+            ids = self.encode(text, first_number + i) if text.strip() else []
+            if len(ids) > 1:  # more than EOS
+                sources.append(ids)
                 where.append(i)
         found: list[list[Hypothesis]] = translate_ids(self.model, sources, self.cfg, on_batch)
         results: list[list[tuple[float, str]]] = [[] for _ in lines]
