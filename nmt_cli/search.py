@@ -123,6 +123,14 @@ def _extensions(logits: Tensor, scores: Tensor, k: int, force_eos: Tensor) -> tu
     return values, index // per_slot, top_tokens.view(B, W * per_slot).gather(1, index)
 
 
+def _live_first(live: Tensor, values: Tensor, rows: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Each sentence's live extensions moved to its first slots, best first, and the slots no sentence
+    uses dropped: (live, scores (-inf where not live), source rows, tokens), each (B, W')."""
+    order = torch.argsort((~live).to(torch.int8), dim=1, stable=True)[:, : max(int(live.sum(1).max()), 1)]
+    live = live.gather(1, order)
+    return live, torch.where(live, values.gather(1, order), -math.inf), rows.gather(1, order), tokens.gather(1, order)
+
+
 class _Finished:
     """Finished hypotheses of the sentences of one batch, and each one's nbest-th best score."""
 
@@ -170,14 +178,7 @@ def beam_search(model: Transformer, src: Tensor, *, beam: int, nbest: int, lenpe
         for b, j in ends.nonzero().tolist():
             finished.add(int(sentences[b]), history[rows[b, j]].tolist(), float(values[b, j]), lenpen)
         n_finished += ends.sum(1)
-        live = kept & ~ends
-        # Live slots first (stable, so still best first), then drop slots no sentence uses.
-        order = torch.argsort((~live).to(torch.int8), dim=1, stable=True)
-        width = max(int(live.sum(1).max()), 1)
-        order = order[:, :width]
-        live = live.gather(1, order)
-        scores = torch.where(live, values.gather(1, order), -math.inf)
-        rows, new_tokens = rows.gather(1, order), new_tokens.gather(1, order)
+        live, scores, rows, new_tokens = _live_first(kept & ~ends, values, rows, new_tokens)
         bound = scores[:, 0].double() / final_lp.clamp(min=length_penalty(step + 2.0, lenpen))
         done = ~live[:, 0] | (finished.nth_best[sentences].double() >= bound)
         if bool(done.all()):
