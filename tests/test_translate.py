@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import sentencepiece as spm
+import torch
 
 from conftest import REPO, assert_user_error, nmt, toy_sentences
 from nmt_cli import checkpoint
@@ -141,3 +142,11 @@ def test_bad_model_files_are_refused(tmp_path: Path, tiny_trained_model: Path) -
 def test_dtypes_translate(tiny_trained_model: Path, dtype: str) -> None:
     out = nmt("translate", tiny_trained_model, "--dtype", dtype, "--device", "cpu", input="red cat sees the dog\n").stdout
     assert out.count("\n") == 1 and out.strip()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_missing_cuda_and_cpu_fp16_are_refused(tiny_trained_model: Path) -> None:
+    with pytest.raises(NmtError, match="--device cpu"):
+        run(TranslateConfig(model=tiny_trained_model, device="cuda"))
+    with pytest.raises(NmtError, match="bf16"):
+        run(TranslateConfig(model=tiny_trained_model, device="cpu", dtype="fp16"))
