@@ -7,8 +7,9 @@ realistic. Rows: beam 4 and greedy, fp32 and bf16, with the incremental decoder 
 translate` runs) and without any cache (every step re-runs the full model over the whole prefix,
 the slow reference), measured in the same run. The uncached search is timed on the first
 `--reference-sentences` sentences only (it is quadratic); its rates are per sentence all the same.
-Times cover the search and sentencepiece encoding/decoding, not model loading. Also prints
-sacreBLEU of each output, as a check that the model translates.
+Times cover the search and sentencepiece encoding/decoding, not model loading; `cpu s` is the
+CPU time of all threads (well below seconds x threads when other processes share the cores). Also
+prints sacreBLEU of each output, as a check of what the model is.
 """
 
 from __future__ import annotations
@@ -49,15 +50,15 @@ def uncached_ids(model: torch.nn.Module, sources: list[list[int]], cfg: Translat
     return results
 
 
-def measure(translator: Translator, lines: list[str], cached: bool) -> tuple[float, int, list[str]]:
-    """(seconds, target tokens with EOS, detokenized outputs) for `lines`."""
-    start = time.perf_counter()
+def measure(translator: Translator, lines: list[str], cached: bool) -> tuple[float, float, int, list[str]]:
+    """(wall seconds, CPU seconds of all threads, target tokens with EOS, detokenized outputs)."""
+    start, cpu_start = time.perf_counter(), time.process_time()
     sources = [translator.encode(line, i + 1) for i, line in enumerate(lines)]
     search = translate_ids if cached else uncached_ids
     found = search(translator.model, sources, translator.cfg)
     outputs = [translator.decode(h[0].tokens) for h in found]
-    seconds = time.perf_counter() - start
-    return seconds, sum(len(h[0].tokens) + 1 for h in found), outputs
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    return seconds, cpu_seconds, sum(len(h[0].tokens) + 1 for h in found), outputs
 
 
 def main() -> None:
@@ -80,8 +81,8 @@ def main() -> None:
     print(f"model {args.model}: {model.cfg.encoder_layers}+{model.cfg.decoder_layers} layers, d_model "
           f"{model.cfg.d_model}, vocabulary {len(dictionary)}; {len(lines)} sentences of {args.source.name}, "
           f"{args.threads} threads, torch {torch.__version__}")
-    print(f"{'search':<8} {'dtype':<5} {'decoder':<13} {'sentences':>9} {'seconds':>8} {'sent/s':>8} "
-          f"{'tok/s':>8} {'out len':>7} {'BLEU':>6}")
+    print(f"{'search':<8} {'dtype':<5} {'decoder':<13} {'sentences':>9} {'seconds':>8} {'cpu s':>7} "
+          f"{'sent/s':>8} {'tok/s':>8} {'out len':>7} {'BLEU':>6}")
     for dtype_name in args.dtypes.split(","):
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
         for beam in (4, 1):
@@ -90,10 +91,11 @@ def main() -> None:
             measure(translator, lines[:20], cached=True)  # warm-up: thread pools, kernel selection
             for cached in (True, False):
                 subset = lines if cached else lines[: args.reference_sentences]
-                seconds, tokens, outputs = measure(translator, subset, cached)
+                seconds, cpu_seconds, tokens, outputs = measure(translator, subset, cached)
                 bleu = sacrebleu.corpus_bleu(outputs, [refs[: len(subset)]]).score
                 print(f"{'beam 4' if beam == 4 else 'greedy':<8} {dtype_name:<5} "
                       f"{'incremental' if cached else 'full forward':<13} {len(subset):>9} {seconds:>8.2f} "
+                      f"{cpu_seconds:>7.1f} "
                       f"{len(subset) / seconds:>8.1f} {tokens / seconds:>8.0f} {tokens / len(subset):>7.1f} "
                       f"{bleu:>6.2f}", flush=True)
 
