@@ -5,7 +5,8 @@
 MODEL.pt should be a trained en->de model (e.g. transformer_small) so that output lengths are
 realistic. Rows: beam 4 and greedy, fp32 and bf16, with the incremental decoder (what `nmt
 translate` runs) and without any cache (every step re-runs the full model over the whole prefix,
-the slow reference), measured in the same run. The uncached search is timed on the first
+the slow reference), measured in the same run, both with `--threads` batches searched at
+once on one torch thread each, as `nmt translate` does on the CPU. The uncached search is timed on the first
 `--reference-sentences` sentences only (it is quadratic); its rates are per sentence all the same.
 Times cover the search and sentencepiece encoding/decoding, not model loading; `cpu s` is the
 CPU time of all threads (well below seconds x threads when other processes share the cores). Also
@@ -21,41 +22,23 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `nmt translate` does; must precede `import torch`
 
-import numpy as np
 import sacrebleu
 import sentencepiece as spm
 import torch
 
 from nmt_cli import checkpoint
-from nmt_cli.data import PAD, batch_by_size
-from nmt_cli.search import Hypothesis, beam_search, translate_ids
+from nmt_cli.search import translate_ids
 from nmt_cli.stages import TranslateConfig
 from nmt_cli.translate import Translator, keep_freed_memory
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "wmt14-newstest2014" / "en-de"
 
 
-def uncached_ids(model: torch.nn.Module, sources: list[list[int]], cfg: TranslateConfig) -> list[list[Hypothesis]]:
-    """The same batches and search as `translate_ids`, re-running the full model at every step."""
-    sizes = np.array([len(s) for s in sources])
-    results: list[list[Hypothesis]] = [[] for _ in sources]
-    for batch in batch_by_size(np.arange(len(sources)), sizes, sizes, cfg.max_tokens):
-        src = torch.full((len(batch), int(sizes[batch].max())), PAD, dtype=torch.long)
-        for row, i in enumerate(batch.tolist()):
-            src[row, : sizes[i]] = torch.as_tensor(sources[i])
-        found = beam_search(model, src, beam=cfg.beam, nbest=1, lenpen=cfg.lenpen, max_len_a=cfg.max_len_a,
-                            max_len_b=cfg.max_len_b, cached=False)
-        for i, hyps in zip(batch.tolist(), found, strict=True):
-            results[i] = hyps
-    return results
-
-
 def measure(translator: Translator, lines: list[str], cached: bool) -> tuple[float, float, int, list[str]]:
     """(wall seconds, CPU seconds of all threads, target tokens with EOS, detokenized outputs)."""
     start, cpu_start = time.perf_counter(), time.process_time()
     sources = [translator.encode(line, i + 1) for i, line in enumerate(lines)]
-    search = translate_ids if cached else uncached_ids
-    found = search(translator.model, sources, translator.cfg)
+    found = translate_ids(translator.model, sources, translator.cfg, workers=translator.workers, cached=cached)
     outputs = [translator.decode(h[0].tokens) for h in found]
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     return seconds, cpu_seconds, sum(len(h[0].tokens) + 1 for h in found), outputs
@@ -72,8 +55,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=TranslateConfig.max_tokens)
     parser.add_argument("--dtypes", default="fp32,bf16")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    keep_freed_memory()  # as `nmt translate` does on the CPU
+    keep_freed_memory()  # as `nmt translate` does on the CPU: one torch thread per batch searched at once
+    torch.set_num_threads(1)
     lines = args.source.read_text(encoding="utf-8").splitlines()[: args.sentences]
     refs = args.reference.read_text(encoding="utf-8").splitlines()[: args.sentences]
     model, dictionary, spm_bytes = checkpoint.load_model(args.model)
@@ -87,7 +70,7 @@ def main() -> None:
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
         for beam in (4, 1):
             cfg = TranslateConfig(model=args.model, beam=beam, max_tokens=args.max_tokens)
-            translator = Translator(model.to(dtype), dictionary, sp, cfg, lambda _: None)
+            translator = Translator(model.to(dtype), dictionary, sp, cfg, lambda _: None, workers=args.threads)
             measure(translator, lines[:20], cached=True)  # warm-up: thread pools, kernel selection
             for cached in (True, False):
                 subset = lines if cached else lines[: args.reference_sentences]

@@ -175,7 +175,7 @@ class TranslateConfig:
     chunk_lines: int = opt(20000, "lines read, sorted and translated at a time (memory stays flat)")
     device: Device = opt("auto", "auto: cuda when available, else cpu")
     dtype: Precision = opt("auto", "auto: bf16 on cuda, fp32 on cpu")
-    threads: int = opt(0, "CPU threads (0: torch's default)")
+    threads: int = opt(0, "CPU threads (0: one per core); on the CPU each searches its own batch")
 
 
 @dataclass

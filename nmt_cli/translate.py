@@ -63,8 +63,9 @@ class Translator:
     """A loaded model with its dictionary and sentencepiece model: lines of text to translations."""
 
     def __init__(self, model: Transformer, dictionary: Dictionary, sp: spm.SentencePieceProcessor,
-                 cfg: TranslateConfig, warn: Warn) -> None:
+                 cfg: TranslateConfig, warn: Warn, workers: int = 1) -> None:
         self.model, self.dictionary, self.sp, self.cfg, self.warn = model, dictionary, sp, cfg, warn
+        self.workers = workers  # batches searched at once (see `translate_ids`)
 
     def encode(self, text: str, number: int) -> list[int]:
         """Source ids with EOS, truncated (with a warning) to the model's max_positions."""
@@ -91,7 +92,7 @@ class Translator:
             if len(ids) > 1:  # more than EOS
                 sources.append(ids)
                 where.append(i)
-        found: list[list[Hypothesis]] = translate_ids(self.model, sources, self.cfg, on_batch)
+        found: list[list[Hypothesis]] = translate_ids(self.model, sources, self.cfg, on_batch, self.workers)
         results: list[list[tuple[float, str]]] = [[] for _ in lines]
         for i, hypotheses in zip(where, found, strict=True):
             results[i] = [(h.score, self.decode(h.tokens)) for h in hypotheses]
@@ -175,18 +176,24 @@ def keep_freed_memory() -> None:
 
 
 def load_translator(cfg: TranslateConfig, warn: Warn) -> Translator:
+    """The model of `cfg.model` on its device and dtype. On the CPU, `threads` batches are searched
+    at once, each on one torch thread: that keeps the cores busier than torch's threads inside each
+    (small) operation of a decoding step."""
     device, dtype = _device_and_dtype(cfg)
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
+    workers = 1
     if device.type == "cpu":
         keep_freed_memory()
+        workers = cfg.threads if cfg.threads > 0 else torch.get_num_threads()
+        torch.set_num_threads(1)
+    elif cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
     model, dictionary, spm_bytes = checkpoint.load_model(cfg.model, device)
     sp = spm.SentencePieceProcessor()
     try:
         sp.LoadFromSerializedProto(spm_bytes)
     except (RuntimeError, OSError) as e:
         raise NmtError(f"{cfg.model}: its sentencepiece model cannot be read ({e})") from None
-    return Translator(model.to(dtype), dictionary, sp, cfg, warn)
+    return Translator(model.to(dtype), dictionary, sp, cfg, warn, workers)
 
 
 def _chunks(stream: IO[bytes], size: int) -> Iterator[list[bytes]]:

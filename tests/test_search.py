@@ -167,11 +167,13 @@ def test_translation_alone_equals_translation_in_a_mixed_batch(tiny_trained_mode
         assert hyps[0].score == pytest.approx(alone[0][0].score, abs=1e-4)
 
 
-def test_translate_ids_keeps_input_order_across_batches(tiny_trained_model: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 3])
+def test_translate_ids_keeps_input_order_across_batches(tiny_trained_model: Path, workers: int) -> None:
     model, _, _ = checkpoint.load_model(tiny_trained_model)
-    sources = random_sources(model.vocab_size, [9, 2, 14, 1, 6, 11, 3, 8], seed=5)
+    sources = random_sources(model.vocab_size, [9, 2, 14, 1, 6, 11, 3, 8, 5, 12], seed=5)
     batches: list[int] = []
-    small = translate_ids(model, sources, TranslateConfig(model=None, max_tokens=16), on_batch=batches.append)
+    small = translate_ids(model, sources, TranslateConfig(model=None, max_tokens=16), on_batch=batches.append,
+                          workers=workers)
     assert len(batches) > 2 and sum(batches) == len(sources)  # several batches, every sentence once
     for source, hyps in zip(sources, small, strict=True):
         alone = translate_ids(model, [source], TranslateConfig(model=None))[0]

@@ -55,7 +55,8 @@ def test_file_output_is_in_input_order(tiny_trained_model: Path, tmp_path: Path)
     src = tmp_path / "in.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "out.txt"
-    nmt("translate", tiny_trained_model, "-i", src, "-o", out, "--max-tokens", 40, "--set", "chunk_lines=16")
+    nmt("translate", tiny_trained_model, "-i", src, "-o", out, "--max-tokens", 40, "--set", "chunk_lines=16",
+        "--threads", 2)  # two batches searched at once
     got = out.read_text(encoding="utf-8").split("\n")
     assert got[-1] == "" and len(got) - 1 == len(lines)
     translator = load(tiny_trained_model)
