@@ -217,7 +217,7 @@ def translate_ids(model: Transformer, sources: Sequence[Sequence[int]], cfg: Tra
     device = next(model.parameters()).device
     sizes = np.array([len(s) for s in sources], dtype=np.int64)
     assert sizes.min() >= 1 and sizes.max() <= model.cfg.max_positions
-    budget = cfg.max_tokens if workers <= 1 else min(cfg.max_tokens, max(int(sizes.sum()) // (4 * workers), 1))
+    budget = cfg.max_tokens if workers <= 1 else min(cfg.max_tokens, max(int(sizes.sum()) // (2 * workers), 1))
     batches = batch_by_size(np.arange(len(sources)), sizes, sizes, budget)[::-1]
 
     def search(batch: np.ndarray) -> tuple[np.ndarray, list[list[Hypothesis]]]:
