@@ -21,7 +21,9 @@ from torch import Tensor, nn
 from nmt_cli.data import PAD
 from nmt_cli.stages import ModelConfig
 
-Cache = list[dict[str, Tensor]]  # one dict per decoder layer: self-attention k/v so far, encoder k/v
+# One dict per decoder layer: "memory_k"/"memory_v" over the encoder output (one copy per sentence),
+# "k"/"v" of the self-attention so far (one per row), "k_next"/"v_next" prepared by `reorder`.
+Cache = list[dict[str, Tensor]]
 
 
 def sinusoids(length: int, d_model: int) -> Tensor:
