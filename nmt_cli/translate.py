@@ -5,7 +5,8 @@ Input is read as bytes and split on LF only; each line is cleaned (`clean_line`)
 it (a CR, NUL, form feed, U+2028, invalid UTF-8) can change the line count; an empty or blank line
 gives an empty line without running the model. A file is read `chunk_lines` lines at a time,
 length-sorted into `max_tokens` batches and written back in order, so memory stays flat for any
-size. From a terminal each line is translated as soon as it is entered.
+size. From a terminal each line is translated as soon as it is entered. On the CPU, `threads`
+batches are searched at once, one torch thread each (see `load_translator`).
 
 Output layout: one translation per line; with `nbest` K > 1, K lines per input line, each
 ``LINE<TAB>SCORE<TAB>TEXT`` (LINE the 1-based input line number, SCORE the length-normalised
