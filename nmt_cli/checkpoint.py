@@ -74,6 +74,9 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     path = Path(path)
     if not path.is_file():
         raise NmtError(f"{path} does not exist or is not a file")
+    if not zipfile.is_zipfile(path):  # else torch.load reads it as a legacy pickle and blames unsafe objects
+        raise NmtError(f"{path} is not an nmt checkpoint or model file: it is not the zip archive torch.save "
+                       "writes (corrupt, truncated, or another kind of file)")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:

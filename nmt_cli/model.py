@@ -21,7 +21,9 @@ from torch import Tensor, nn
 from nmt_cli.data import PAD
 from nmt_cli.stages import ModelConfig
 
-Cache = list[dict[str, Tensor]]  # one dict per decoder layer: self-attention k/v so far, encoder k/v
+# One dict per decoder layer: "memory_k"/"memory_v" over the encoder output (one copy per sentence),
+# "k"/"v" of the self-attention so far (one per row), "k_next"/"v_next" prepared by `reorder`.
+Cache = list[dict[str, Tensor]]
 
 
 def sinusoids(length: int, d_model: int) -> Tensor:
@@ -77,7 +79,18 @@ class Attention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
         """(B, H, T, K) queries over (B, H, L, K) keys/values -> (B, T, D). `mask` is True where allowed."""
         p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+        return self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal))
+
+    def attend_step(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+        """`attend` for the few queries of one decoding step (no dropout): plain matrix products, with
+        the softmax in fp32. For one query row per head the fused SDPA kernel is several times slower
+        on the CPU, where its tiling is made for long query blocks."""
+        scores = torch.matmul(q, k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5  # (B, H, T, L)
+        if mask is not None:
+            scores.masked_fill_(~mask, -math.inf)
+        return self._merge(torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v))
+
+    def _merge(self, y: Tensor) -> Tensor:  # (B, H, T, K) -> W^O applied to the heads side by side (B, T, D)
         B, H, T, K = y.shape
         return self.out_proj(y.transpose(1, 2).reshape(B, T, H * K))
 
@@ -140,17 +153,42 @@ class DecoderLayer(nn.Module):
         q, k, v = self.self_attn.qkv(h)
         if cache is None:  # whole target at once: position t sees positions <= t (causal mask)
             return self.self_attn.attend(q, k, v, causal=True)
-        if "k" in cache:  # one new position: it sees everything cached so far, no mask needed
-            k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
-        cache["k"], cache["v"] = k, v
-        return self.self_attn.attend(q, k, v)
+        # One new position: it sees everything cached so far, no mask needed.
+        return self.self_attn.attend_step(q, _append(cache, "k", k), _append(cache, "v", v))
 
     def _cross_attention(self, h: Tensor, enc: Encoded, cache: dict[str, Tensor] | None) -> Tensor:
         if cache is None:
             k, v = self.cross_attn.keys_values(enc.memory)
-        else:
-            k, v = cache["memory_k"], cache["memory_v"]
-        return self.cross_attn.attend(self.cross_attn.query(h), k, v, mask=enc.mask)
+            return self.cross_attn.attend(self.cross_attn.query(h), k, v, mask=enc.mask)
+        # Incremental: h is (B * beam, 1, D), the rows of each sentence next to each other. The beams
+        # of a sentence become that sentence's queries, so all of them attend to its one copy of the
+        # encoder keys/values (B, H, S, K): nothing is copied per beam or per step.
+        k, v = cache["memory_k"], cache["memory_v"]
+        rows, sentences = h.shape[0], k.shape[0]
+        y = self.cross_attn.attend_step(self.cross_attn.query(h.view(sentences, rows // sentences, -1)), k, v, enc.mask)
+        return y.view(rows, 1, -1)
+
+
+def _append(cache: dict[str, Tensor], name: str, new: Tensor) -> Tensor:
+    """Add the newest position's keys or values (N, H, 1, K) after the cached ones; returns all so far,
+    (N, H, t + 1, K) and contiguous (batched matrix products copy strided operands first). `reorder`
+    leaves a free last position in its copy, so a beam step copies the cache once, not twice."""
+    slot = cache.pop(f"{name}_next", None)
+    if slot is not None:
+        slot[:, :, -1:] = new
+        cache[name] = slot
+    else:
+        cache[name] = torch.cat([cache[name], new], dim=2) if name in cache else new
+    return cache[name]
+
+
+def _reorder_rows(cache: dict[str, Tensor], name: str, order: Tensor) -> None:
+    """Keep rows `order` of the cached `name`, copied into a tensor with one free position at the end."""
+    old = cache[name]
+    rows, heads, length, width = old.shape
+    following = old.new_empty(len(order), heads, length + 1, width)
+    cache[name] = torch.index_select(old, 0, order, out=following[:, :, :length])
+    cache[f"{name}_next"] = following
 
 
 class Transformer(nn.Module):
@@ -206,22 +244,33 @@ class Transformer(nn.Module):
         """A fresh cache holding each layer's keys/values over the encoder output."""
         cache = []
         for layer in self.decoder:
-            k, v = layer.cross_attn.keys_values(enc.memory)
-            cache.append({"memory_k": k, "memory_v": v})
+            k, v = layer.cross_attn.keys_values(enc.memory)  # contiguous: every step's matmul reads them as is
+            cache.append({"memory_k": k.contiguous(), "memory_v": v.contiguous()})
         return cache
 
     def decode_step(self, tokens: Tensor, step: int, enc: Encoded, cache: Cache) -> Tensor:
-        """tokens (B,) at target position `step` (0 for BOS) -> logits (B, V) of the next token."""
-        x = self._embed(tokens[:, None], start=step)  # (B, 1, D)
+        """tokens (B * beam,) at target position `step` (0 for BOS) -> logits (B * beam, V) of the
+        next token. Rows are grouped by sentence: rows b * beam ... (b + 1) * beam - 1 belong to
+        sentence b of `enc` (B sentences); beam may be 1."""
+        x = self._embed(tokens[:, None], start=step)  # (B * beam, 1, D)
         for layer, layer_cache in zip(self.decoder, cache, strict=True):
             x = layer(x, enc, layer_cache)
         return self.logits(self.decoder_norm(x[:, 0]))
 
     @staticmethod
-    def reorder(enc: Encoded, cache: Cache, order: Tensor) -> tuple[Encoded, Cache]:
-        """Keep batch rows `order` (B',) of the state: beams that survive, sentences not finished."""
-        enc = Encoded(enc.memory.index_select(0, order), enc.mask.index_select(0, order))
-        cache = [{name: t.index_select(0, order) for name, t in layer.items()} for layer in cache]
+    def reorder(enc: Encoded, cache: Cache, order: Tensor, sentences: Tensor | None = None) -> tuple[Encoded, Cache]:
+        """Keep decoder rows `order` (N',): the beams that survive, grouped by sentence as in
+        `decode_step`. Encoder states are shared by a sentence's beams, so they change only when
+        sentences leave: `sentences` (B',) are the ones still decoding (None: all)."""
+        for layer in cache:
+            for name in ("k", "v"):
+                if name in layer:
+                    _reorder_rows(layer, name, order)
+            if sentences is not None:
+                layer["memory_k"] = layer["memory_k"].index_select(0, sentences)
+                layer["memory_v"] = layer["memory_v"].index_select(0, sentences)
+        if sentences is not None:
+            enc = Encoded(enc.memory.index_select(0, sentences), enc.mask.index_select(0, sentences))
         return enc, cache
 
 

@@ -170,8 +170,9 @@ class TranslateConfig:
     input: Path | None = opt(None, "text to translate, one sentence per line (default: stdin)")
     output: Path | None = opt(None, "where translations go, one line per input line (default: stdout)")
     input_format: Literal["raw", "pieces"] = opt("raw", "raw text, or text already split into sentencepiece pieces")
+    output_format: Literal["raw", "pieces"] = opt("raw", "detokenized text, or space-separated sentencepiece pieces")
     beam: int = opt(4, "beam size (1: greedy search)")
-    nbest: int = opt(1, "print this many hypotheses per sentence, with scores")
+    nbest: int = opt(1, "print this many hypotheses per sentence: K lines LINE<TAB>SCORE<TAB>TEXT per input line")
     lenpen: float = opt(0.6, "GNMT length penalty alpha: score / ((5+|Y|)/6)^alpha")
     max_len_a: float = opt(1.0, "maximum output length = a * source length + b")
     max_len_b: int = opt(50, "maximum output length = a * source length + b")
@@ -179,7 +180,7 @@ class TranslateConfig:
     chunk_lines: int = opt(20000, "lines read, sorted and translated at a time (memory stays flat)")
     device: Device = opt("auto", "auto: cuda when available, else cpu")
     dtype: Precision = opt("auto", "auto: bf16 on cuda, fp32 on cpu")
-    threads: int = opt(0, "CPU threads (0: torch's default)")
+    threads: int = opt(0, "CPU threads (0: one per core); on the CPU each searches its own batch")
 
 
 @dataclass

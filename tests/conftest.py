@@ -103,3 +103,81 @@ def multi30k_bin(multi30k_bpe: Path) -> Path:
     out = multi30k_bpe.parent / "bin"
     nmt("binarize", multi30k_bpe, "--out", out, "--workers", 2)
     return out
+# Model files for the inference tests (average, translate, search). `tiny_trained_model` stands in
+# for the output of `nmt train` until that stage is merged; switch it to a real `nmt train` run then.
+
+TOY_WORDS = ["red", "green", "blue", "black", "white", "small", "large", "old", "new", "fast", "slow", "cat",
+             "dog", "bird", "fish", "house", "tree", "river", "stone", "cloud", "sings", "runs", "sleeps", "eats",
+             "sees", "the", "a", "and", "of", "under", "near"]
+
+
+def toy_sentences(count: int, seed: int, max_words: int = 10) -> list[str]:
+    """Random sentences over a small vocabulary, 1 to `max_words` words each."""
+    import random
+
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(TOY_WORDS) for _ in range(rng.randint(1, max_words))) for _ in range(count)]
+
+
+@pytest.fixture(scope="session")
+def toy_spm(tmp_path_factory: pytest.TempPathFactory):
+    """(sentencepiece model bytes, Dictionary) trained on toy sentences: a real, tiny BPE model."""
+    import sentencepiece as spm
+
+    from nmt_cli.data import Dictionary
+
+    folder = tmp_path_factory.mktemp("toy_spm")
+    text = folder / "text.txt"
+    text.write_text("\n".join(toy_sentences(3000, seed=0)) + "\n", encoding="utf-8")
+    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(folder / "spm"), vocab_size=80,
+                                   model_type="bpe", character_coverage=1.0, pad_id=-1, bos_id=-1, eos_id=-1,
+                                   unk_id=0, hard_vocab_limit=False, num_threads=1, minloglevel=2)
+    model_bytes = (folder / "spm.model").read_bytes()
+    sp = spm.SentencePieceProcessor(model_proto=model_bytes)
+    from collections import Counter
+
+    counts = Counter(p for line in text.read_text(encoding="utf-8").splitlines() for p in sp.encode(line, out_type=str))
+    return model_bytes, Dictionary.from_counts(counts)
+
+
+def save_model_file(path: Path, model, dictionary, spm_bytes: bytes, update: int = 0, kind: str = "model") -> Path:
+    """Write `model` as `nmt train` / `nmt average` would (the training state left out)."""
+    from nmt_cli import checkpoint
+
+    checkpoint.save(path, {"kind": kind, "meta": {"update": update},
+                           **checkpoint.model_state(model, model.cfg, dictionary, spm_bytes)})
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_trained_model(tmp_path_factory: pytest.TempPathFactory, toy_spm) -> Path:
+    """A model file of a 2+2-layer Transformer trained for a few seconds to copy toy sentences, so
+    that it emits EOS at sensible places. Stands in for `nmt train` (switch when it is merged)."""
+    import sentencepiece as spm
+    import torch
+    import torch.nn.functional as F
+
+    from nmt_cli.data import BOS, EOS, PAD
+    from nmt_cli.model import Transformer
+    from nmt_cli.stages import ModelConfig
+
+    spm_bytes, dictionary = toy_spm
+    sp = spm.SentencePieceProcessor(model_proto=spm_bytes)
+    torch.manual_seed(0)
+    cfg = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=64, d_ff=128, heads=4, dropout=0.0, max_positions=64)
+    model = Transformer(cfg, len(dictionary))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
+    data = [dictionary.encode(sp.encode(s, out_type=str)) for s in toy_sentences(4000, seed=1)]
+    for step in range(300):
+        batch = data[(step * 64) % len(data):][:64]
+        width = max(map(len, batch)) + 1
+        src = torch.full((len(batch), width), PAD)
+        prev = torch.full((len(batch), width), PAD)
+        for i, ids in enumerate(batch):
+            src[i, : len(ids) + 1] = torch.tensor([*ids, EOS])
+            prev[i, : len(ids) + 1] = torch.tensor([BOS, *ids])
+        loss = F.cross_entropy(model(src, prev).transpose(1, 2), src, ignore_index=PAD)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return save_model_file(tmp_path_factory.mktemp("trained") / "model.pt", model.eval(), dictionary, spm_bytes, 300)

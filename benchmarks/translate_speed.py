@@ -1,0 +1,87 @@
+"""Translation speed: sentences/s and target tokens/s of `nmt translate`'s search on newstest2014 en->de.
+
+    python benchmarks/translate_speed.py --model MODEL.pt [--sentences 1000] [--threads 2]
+
+MODEL.pt should be a trained en->de model (e.g. transformer_small) so that output lengths are
+realistic. Rows: beam 4 and greedy, fp32 and bf16, with the incremental decoder (what `nmt
+translate` runs) and without any cache (every step re-runs the full model over the whole prefix,
+the slow reference), measured in the same run, both with `--threads` batches searched at
+once on one torch thread each, as `nmt translate` does on the CPU. The uncached search is timed on the first
+`--reference-sentences` sentences only (it is quadratic); its rates are per sentence all the same.
+Times cover the search and sentencepiece encoding/decoding, not model loading; `cpu s` is the
+CPU time of all threads (well below seconds x threads when other processes share the cores). Also
+prints sacreBLEU of each output, as a check of what the model is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `nmt translate` does; must precede `import torch`
+
+import sacrebleu
+import sentencepiece as spm
+import torch
+
+from nmt_cli import checkpoint
+from nmt_cli.search import translate_ids
+from nmt_cli.stages import TranslateConfig
+from nmt_cli.translate import Translator, keep_freed_memory
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "wmt14-newstest2014" / "en-de"
+
+
+def measure(translator: Translator, lines: list[str], cached: bool) -> tuple[float, float, int, list[str]]:
+    """(wall seconds, CPU seconds of all threads, target tokens with EOS, detokenized outputs)."""
+    start, cpu_start = time.perf_counter(), time.process_time()
+    sources = [translator.encode(line, i + 1) for i, line in enumerate(lines)]
+    found = translate_ids(translator.model, sources, translator.cfg, workers=translator.workers, cached=cached)
+    outputs = [translator.decode(h[0].tokens) for h in found]
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    return seconds, cpu_seconds, sum(len(h[0].tokens) + 1 for h in found), outputs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--source", type=Path, default=DATA / "newstest2014.en")
+    parser.add_argument("--reference", type=Path, default=DATA / "newstest2014.de")
+    parser.add_argument("--sentences", type=int, default=1000)
+    parser.add_argument("--reference-sentences", type=int, default=100, help="sentences for the uncached search")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=TranslateConfig.max_tokens)
+    parser.add_argument("--dtypes", default="fp32,bf16")
+    args = parser.parse_args()
+    keep_freed_memory()  # as `nmt translate` does on the CPU: one torch thread per batch searched at once
+    torch.set_num_threads(1)
+    lines = args.source.read_text(encoding="utf-8").splitlines()[: args.sentences]
+    refs = args.reference.read_text(encoding="utf-8").splitlines()[: args.sentences]
+    model, dictionary, spm_bytes = checkpoint.load_model(args.model)
+    sp = spm.SentencePieceProcessor(model_proto=spm_bytes)
+    print(f"model {args.model}: {model.cfg.encoder_layers}+{model.cfg.decoder_layers} layers, d_model "
+          f"{model.cfg.d_model}, vocabulary {len(dictionary)}; {len(lines)} sentences of {args.source.name}, "
+          f"{args.threads} threads, torch {torch.__version__}")
+    print(f"{'search':<8} {'dtype':<5} {'decoder':<13} {'sentences':>9} {'seconds':>8} {'cpu s':>7} "
+          f"{'sent/s':>8} {'tok/s':>8} {'out len':>7} {'BLEU':>6}")
+    for dtype_name in args.dtypes.split(","):
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+        for beam in (4, 1):
+            cfg = TranslateConfig(model=args.model, beam=beam, max_tokens=args.max_tokens)
+            translator = Translator(model.to(dtype), dictionary, sp, cfg, lambda _: None, workers=args.threads)
+            measure(translator, lines[:20], cached=True)  # warm-up: thread pools, kernel selection
+            for cached in (True, False):
+                subset = lines if cached else lines[: args.reference_sentences]
+                seconds, cpu_seconds, tokens, outputs = measure(translator, subset, cached)
+                bleu = sacrebleu.corpus_bleu(outputs, [refs[: len(subset)]]).score
+                print(f"{'beam 4' if beam == 4 else 'greedy':<8} {dtype_name:<5} "
+                      f"{'incremental' if cached else 'full forward':<13} {len(subset):>9} {seconds:>8.2f} "
+                      f"{cpu_seconds:>7.1f} "
+                      f"{len(subset) / seconds:>8.1f} {tokens / seconds:>8.0f} {tokens / len(subset):>7.1f} "
+                      f"{bleu:>6.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""`nmt score`: three labelled scores of a detokenized translation against its reference.
+
+- sacreBLEU (Post 2018) with its signature: the number to compare with sacreBLEU tables.
+- chrF (Popović 2015) with its signature, as sacreBLEU computes it.
+- Tokenized, compound-split BLEU: what the paper reports (27.3 base, 28.4 big on newstest2014
+  en-de), computed as tensor2tensor's `get_ende_bleu.sh` does: Moses replace-unicode-punctuation,
+  then the Moses tokenizer (`tokenizer.perl -l TGT`, escaping on, no aggressive dash splitting),
+  then every hyphen between two non-space characters split off as ``##AT##-##AT##`` (Perl's
+  ``s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g``: matches do not overlap, so "a-b-c" becomes
+  "a ##AT##-##AT## b-c", exactly as the script does), then `multi-bleu.perl`: case-sensitive BLEU on
+  whitespace-split tokens, no smoothing. The script reads an already tokenized reference; here the
+  raw reference goes through the same steps as the hypothesis. Roughly one point above sacreBLEU for
+  the same output (PAPER.md).
+
+The scores are printed and written as JSON (`--json`, default HYP.scores.json):
+``{"hyp", "ref", "segments", "target_lang", "sacrebleu": {"score", "signature", "verbose",
+"comparable_to"}, "chrf": {"score", "signature"}, "tokenized_bleu": {"score", "signature", "verbose",
+"comparable_to"}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from pathlib import Path
+from typing import Any
+
+from sacrebleu.metrics import BLEU, CHRF
+from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+from nmt_cli.artifacts import atomic_write_text, read_lines
+from nmt_cli.errors import NmtError
+from nmt_cli.stages import ScoreConfig
+
+_COMPOUND = re.compile(r"(\S)-(\S)")
+
+
+def split_compounds(tokenized: str) -> str:
+    """``rich-text`` -> ``rich ##AT##-##AT## text``, as get_ende_bleu.sh's Perl substitution does."""
+    return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", tokenized)
+
+
+def paper_tokenize(lines: list[str], lang: str) -> list[str]:
+    """Moses replace-unicode-punctuation, Moses tokenizer (escaping), compound splitting."""
+    normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+    return [split_compounds(tokenizer.tokenize(normalizer.replace_unicode_punct(line), return_str=True, escape=True))
+            for line in lines]
+
+
+def tokenized_bleu(hyps: list[str], refs: list[str], lang: str) -> Any:
+    """multi-bleu.perl on the paper's tokenization: no further tokenization, no smoothing."""
+    return BLEU(tokenize="none", smooth_method="none", force=True).corpus_score(
+        paper_tokenize(hyps, lang), [paper_tokenize(refs, lang)])
+
+
+def compute_scores(hyps: list[str], refs: list[str], target_lang: str, tokenize: str) -> dict[str, Any]:
+    """All three scores of `hyps` against `refs` (equal length lists of detokenized segments)."""
+    bleu_metric, chrf_metric = BLEU(tokenize=tokenize), CHRF()
+    bleu, chrf = bleu_metric.corpus_score(hyps, [refs]), chrf_metric.corpus_score(hyps, [refs])
+    paper = tokenized_bleu(hyps, refs, target_lang)
+    return {
+        "sacrebleu": {"score": bleu.score, "signature": str(bleu_metric.get_signature()),
+                      "verbose": bleu.format(width=2, score_only=False),
+                      "comparable_to": "sacreBLEU tables (not the paper's tokenized BLEU)"},
+        "chrf": {"score": chrf.score, "signature": str(chrf_metric.get_signature())},
+        "tokenized_bleu": {"score": paper.score,
+                           "signature": f"moses-tok:{target_lang}|compound-split:##AT##|multi-bleu|smooth:none",
+                           "verbose": paper.format(width=2, score_only=False),
+                           "comparable_to": "the paper's BLEU (27.3 base / 28.4 big on newstest2014 en-de)"},
+    }
+
+
+def _reference(cfg: ScoreConfig) -> Path:
+    """The reference file: --ref, or --test-set fetched (or taken from the cache) by sacreBLEU."""
+    if cfg.ref is not None:
+        return Path(cfg.ref)
+    if cfg.test_set is None:
+        raise NmtError("give the reference with --ref FILE, or a sacreBLEU test set with --test-set and --langpair")
+    if cfg.langpair is None:
+        raise NmtError(f"--test-set {cfg.test_set} needs --langpair (e.g. en-de)")
+    from sacrebleu.utils import get_reference_files
+
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(30)
+    try:
+        refs = get_reference_files(cfg.test_set, cfg.langpair)
+    except (Exception, SystemExit) as e:  # sacreBLEU exits the process when a download fails
+        raise NmtError(f"could not get the references of {cfg.test_set} {cfg.langpair} from sacreBLEU "
+                       f"({e or 'download failed'}); offline, pass a local reference file with --ref") from None
+    finally:
+        socket.setdefaulttimeout(previous)
+    if len(refs) != 1:
+        raise NmtError(f"{cfg.test_set} {cfg.langpair} has {len(refs)} references; pass one with --ref")
+    return Path(refs[0])
+
+
+def _target_lang(cfg: ScoreConfig) -> str:
+    if cfg.langpair is None:
+        return "de"
+    src, sep, tgt = cfg.langpair.partition("-")
+    if not sep or not src or not tgt:
+        raise NmtError(f"--langpair must look like en-de, got {cfg.langpair!r}")
+    return tgt
+
+
+def run(cfg: ScoreConfig) -> None:
+    hyp_path = Path(cfg.hyp)
+    ref_path = _reference(cfg)
+    hyps, refs = list(read_lines(hyp_path)), list(read_lines(ref_path))
+    if len(hyps) != len(refs):
+        raise NmtError(f"{hyp_path} has {len(hyps)} lines but the reference {ref_path} has {len(refs)}; "
+                       "each hypothesis line must translate the same line of the reference")
+    target_lang = _target_lang(cfg)
+    scores = compute_scores(hyps, refs, target_lang, cfg.tokenize)
+    report = {"hyp": str(hyp_path), "ref": str(ref_path), "segments": len(hyps), "target_lang": target_lang, **scores}
+    out_json = Path(cfg.out_json) if cfg.out_json is not None else hyp_path.with_name(hyp_path.name + ".scores.json")
+    atomic_write_text(out_json, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    s, c, t = scores["sacrebleu"], scores["chrf"], scores["tokenized_bleu"]
+    lang_note = "" if cfg.langpair else " (target language assumed de; pass --langpair)"
+    print(f"sacreBLEU       {s['score']:6.2f}  {s['signature']}  <- compare with sacreBLEU tables\n"
+          f"chrF            {c['score']:6.2f}  {c['signature']}\n"
+          f"tokenized BLEU  {t['score']:6.2f}  {t['signature']}  <- compare with the paper "
+          f"(27.3 base / 28.4 big, newstest2014 en-de){lang_note}\n"
+          f"scores written to {out_json}")

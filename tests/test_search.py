@@ -1,0 +1,180 @@
+"""Beam search: the batched, cached search equals a plain reference, beam 1 is greedy, a beam wide
+enough finds the exhaustive optimum, and batching does not change a sentence's translation."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt_cli import checkpoint
+from nmt_cli.data import BOS, EOS, PAD
+from nmt_cli.model import Transformer
+from nmt_cli.search import beam_search, length_penalty, max_output_lengths, reference_search, translate_ids
+from nmt_cli.stages import ModelConfig, TranslateConfig
+
+TINY = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0, max_positions=64)
+
+
+def random_model(vocab: int, seed: int, sharpness: float = 8.0) -> Transformer:
+    """Random weights; a larger embedding scale makes the output distributions peaked enough that
+    hypotheses end at different lengths."""
+    torch.manual_seed(seed)
+    model = Transformer(TINY, vocab).eval()
+    with torch.no_grad():
+        model.embed.weight.mul_(sharpness)
+    return model
+
+
+def padded(sources: list[list[int]]) -> torch.Tensor:
+    src = torch.full((len(sources), max(map(len, sources))), PAD)
+    for i, ids in enumerate(sources):
+        src[i, : len(ids)] = torch.tensor(ids)
+    return src
+
+
+def random_sources(vocab: int, lengths: list[int], seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [[*torch.randint(4, vocab, (n,), generator=g).tolist(), EOS] for n in lengths]
+
+
+def test_length_penalty_is_gnmt() -> None:
+    assert length_penalty(1, 0.6) == pytest.approx(1.0)  # (5 + 1) / 6 = 1
+    assert length_penalty(7, 1.0) == pytest.approx(2.0)
+    assert length_penalty(25, 0.6) == pytest.approx(5.0**0.6)
+    assert length_penalty(40, 0.0) == 1.0
+
+
+def test_max_output_length_is_a_times_source_plus_b_capped_by_positions() -> None:
+    lengths = max_output_lengths(torch.tensor([0, 10, 1000]), 1.0, 50, max_positions=256)
+    assert lengths.tolist() == [50, 60, 255]  # 255 tokens + EOS fill the 256 positions
+    assert max_output_lengths(torch.tensor([10]), 1.5, 0, 1024).tolist() == [15]
+
+
+def test_decode_step_with_beams_equals_full_forward() -> None:
+    """Rows grouped by sentence, reordered between steps, attend to their own sentence's encoder states."""
+    model = random_model(24, seed=0)
+    src = padded(random_sources(24, [3, 6], seed=1))
+    beam, steps = 3, 5
+    g = torch.Generator().manual_seed(2)
+    prefixes = torch.randint(4, 24, (2 * beam, steps), generator=g)
+    enc = model.encode(src)
+    cache = model.start_decoding(enc)
+    tokens = torch.full((2 * beam,), BOS)
+    history = torch.zeros(2 * beam, 0, dtype=torch.long)
+    with torch.no_grad():
+        for step in range(steps):
+            logits = model.decode_step(tokens, step, enc, cache)
+            prev = torch.cat([torch.full((2 * beam, 1), BOS), history], 1)
+            full = model(src.repeat_interleave(beam, 0), prev)[:, -1]
+            torch.testing.assert_close(logits, full, atol=1e-4, rtol=1e-4)
+            order = torch.tensor([2, 0, 0, 4, 5, 3])  # each row comes from a row of its own sentence
+            enc, cache = model.reorder(enc, cache, order)
+            history = torch.cat([history[order], prefixes[order, step : step + 1]], 1)
+            tokens = history[:, -1]
+
+
+@pytest.mark.parametrize("beam,nbest,alpha", [(1, 1, 0.6), (4, 1, 0.6), (4, 4, 1.0), (5, 2, 0.0), (3, 1, -0.5)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_batched_search_equals_reference(beam: int, nbest: int, alpha: float, seed: int) -> None:
+    model = random_model(24, seed)
+    sources = random_sources(24, [3, 7, 1, 5, 9, 2], seed)
+    settings = dict(beam=beam, nbest=nbest, lenpen=alpha, max_len_a=1.0, max_len_b=4)
+    found = beam_search(model, padded(sources), **settings)
+    uncached = beam_search(model, padded(sources), **settings, cached=False)
+    lengths = set()
+    for source, hyps, slow in zip(sources, found, uncached, strict=True):
+        expected = reference_search(model, source, **settings)
+        assert [h.tokens for h in hyps] == [h.tokens for h in expected]
+        assert [h.tokens for h in slow] == [h.tokens for h in expected]
+        for h, e in zip(hyps, expected, strict=True):
+            assert h.score == pytest.approx(e.score, abs=1e-4)
+            assert h.log_prob == pytest.approx(e.log_prob, abs=1e-4)
+        assert len(hyps) == nbest and [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        lengths.update(len(h.tokens) for h in hyps)
+    assert len(lengths) > 1  # the sentences did end at different lengths: EOS handling was exercised
+
+
+def test_search_equals_reference_on_a_trained_model(tiny_trained_model: Path) -> None:
+    model, _, _ = checkpoint.load_model(tiny_trained_model)
+    sources = random_sources(len(model.embed.weight), [4, 9, 2, 12, 6], seed=3)
+    settings = dict(beam=4, nbest=2, lenpen=0.6, max_len_a=1.0, max_len_b=10)
+    for source, hyps in zip(sources, beam_search(model, padded(sources), **settings), strict=True):
+        assert [h.tokens for h in hyps] == [h.tokens for h in reference_search(model, source, **settings)]
+
+
+def greedy(model: Transformer, source: list[int], max_len: int) -> list[int]:
+    """Most probable next token (never PAD or BOS) until EOS or the maximum length."""
+    tokens: list[int] = []
+    with torch.no_grad():
+        while len(tokens) < max_len:
+            logits = model(torch.tensor([source]), torch.tensor([[BOS, *tokens]]))[0, -1]
+            logits[[PAD, BOS]] = -math.inf
+            best = int(logits.argmax())
+            if best == EOS:
+                break
+            tokens.append(best)
+    return tokens
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_beam_one_is_greedy(seed: int) -> None:
+    model = random_model(24, seed)
+    sources = random_sources(24, [3, 7, 1, 5, 9, 2], seed)
+    found = beam_search(model, padded(sources), beam=1, nbest=1, lenpen=0.6, max_len_a=1.0, max_len_b=4)
+    for source, hyps in zip(sources, found, strict=True):
+        assert hyps[0].tokens == greedy(model, source, len(source) - 1 + 4)
+
+
+def exhaustive_ranking(model: Transformer, source: list[int], max_len: int, alpha: float) -> list[tuple[float, list[int]]]:
+    """Every output of up to `max_len` tokens (then EOS) with its length-normalised score, best first."""
+    allowed = [t for t in range(model.vocab_size) if t not in (PAD, BOS, EOS)]
+    ranked = []
+    with torch.no_grad():
+        for length in range(max_len + 1):
+            for tokens in itertools.product(allowed, repeat=length):
+                prev = torch.tensor([[BOS, *tokens]])
+                log_probs = torch.log_softmax(model(torch.tensor([source]), prev)[0].double(), -1)
+                log_p = float(log_probs[torch.arange(length + 1), torch.tensor([*tokens, EOS])].sum())
+                ranked.append((log_p / length_penalty(length + 1, alpha), list(tokens)))
+    return sorted(ranked, key=lambda r: -r[0])
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_wide_beam_finds_the_exhaustive_optimum(alpha: float, seed: int) -> None:
+    """Symbols: pad bos eos unk a b -> 3 producible non-EOS tokens; outputs of at most 3 tokens: 40
+    sequences. A beam of 40 never prunes, so the search (with its early stop) must return the true
+    best ones; this checks the scores, the length penalty and that the stopping bound is safe."""
+    model = random_model(6, seed, sharpness=3.0)
+    source = [4, 5, 4, EOS]
+    ranking = exhaustive_ranking(model, source, max_len=3, alpha=alpha)
+    found = beam_search(model, padded([source]), beam=40, nbest=5, lenpen=alpha, max_len_a=0.0, max_len_b=3)[0]
+    assert [h.tokens for h in found] == [tokens for _, tokens in ranking[:5]]
+    assert [h.score for h in found] == pytest.approx([score for score, _ in ranking[:5]], abs=1e-5)
+
+
+def test_translation_alone_equals_translation_in_a_mixed_batch(tiny_trained_model: Path) -> None:
+    model, _, _ = checkpoint.load_model(tiny_trained_model)
+    sources = random_sources(model.vocab_size, [12, 1, 7, 3, 20, 5, 9], seed=4)
+    together = translate_ids(model, sources, TranslateConfig(model=None, max_tokens=10_000))
+    for source, hyps in zip(sources, together, strict=True):
+        alone = beam_search(model, padded([source]), beam=4, nbest=1, lenpen=0.6, max_len_a=1.0, max_len_b=50)
+        assert hyps[0].tokens == alone[0][0].tokens
+        assert hyps[0].score == pytest.approx(alone[0][0].score, abs=1e-4)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_translate_ids_keeps_input_order_across_batches(tiny_trained_model: Path, workers: int) -> None:
+    model, _, _ = checkpoint.load_model(tiny_trained_model)
+    sources = random_sources(model.vocab_size, [9, 2, 14, 1, 6, 11, 3, 8, 5, 12], seed=5)
+    batches: list[int] = []
+    small = translate_ids(model, sources, TranslateConfig(model=None, max_tokens=16), on_batch=batches.append,
+                          workers=workers)
+    assert len(batches) > 2 and sum(batches) == len(sources)  # several batches, every sentence once
+    for source, hyps in zip(sources, small, strict=True):
+        alone = translate_ids(model, [source], TranslateConfig(model=None))[0]
+        assert hyps[0].tokens == alone[0].tokens

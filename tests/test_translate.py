@@ -1,0 +1,153 @@
+"""`nmt translate`: one output line per input line whatever the bytes, input order kept, n-best layout,
+interactive use from a terminal, and clear refusals of bad model files."""
+
+from __future__ import annotations
+
+import os
+import pty
+import random
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sentencepiece as spm
+import torch
+
+from conftest import REPO, assert_user_error, nmt, toy_sentences
+from nmt_cli import checkpoint
+from nmt_cli.errors import NmtError
+from nmt_cli.stages import TranslateConfig
+from nmt_cli.translate import Translator, clean_line, run, translate_lines
+
+
+def load(model_file: Path, **settings: object) -> Translator:
+    model, dictionary, spm_bytes = checkpoint.load_model(model_file)
+    sp = spm.SentencePieceProcessor(model_proto=spm_bytes)
+    return Translator(model, dictionary, sp, TranslateConfig(model=model_file, **settings), lambda _: None)
+
+
+def test_clean_line_keeps_each_line_one_line() -> None:
+    warnings: list[str] = []
+    for raw in [b"a\rb", b"a\x00b", b"a\x0cb", "a\u2028b".encode(), "a\u2029b".encode(), b"a\x1bb", b"a\x85b",
+                "a\u0085b".encode(), b"a\x0bb"]:
+        text = clean_line(raw, 7, warnings.append)
+        assert len(text.splitlines()) == 1 and text.isprintable(), (raw, text)
+    assert clean_line(b"hello\r", 1, warnings.append) == "hello"  # a CRLF ending
+    assert clean_line(b"caf\xe9", 42, warnings.append) == "caf\ufffd"
+    assert any("line 42" in w and "UTF-8" in w for w in warnings)
+
+
+def test_translate_lines_gives_one_translation_per_line(tiny_trained_model: Path) -> None:
+    model, dictionary, spm_bytes = checkpoint.load_model(tiny_trained_model)
+    sp = spm.SentencePieceProcessor(model_proto=spm_bytes)
+    lines = ["red cat sees the dog", "", "   ", "large house"]
+    out = translate_lines(model, dictionary, sp, lines, TranslateConfig(model=None))
+    assert len(out) == 4 and out[1] == "" and out[2] == ""
+    assert out[0] and "\n" not in out[0]
+
+
+def test_file_output_is_in_input_order(tiny_trained_model: Path, tmp_path: Path) -> None:
+    """Lines of shuffled lengths, several chunks and batches: each output is the line's own translation."""
+    lines = toy_sentences(40, seed=7, max_words=15)
+    random.Random(0).shuffle(lines)
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    nmt("translate", tiny_trained_model, "-i", src, "-o", out, "--max-tokens", 40, "--set", "chunk_lines=16",
+        "--threads", 2)  # two batches searched at once
+    got = out.read_text(encoding="utf-8").split("\n")
+    assert got[-1] == "" and len(got) - 1 == len(lines)
+    translator = load(tiny_trained_model)
+    alone = [translator.translate([line])[0][0][1] for line in lines]
+    assert got[:-1] == alone
+    assert len(set(alone)) > len(lines) * 3 // 4  # translations differ, so a mix-up would show
+
+
+def test_adversarial_input_gives_one_line_per_line(tiny_trained_model: Path, tmp_path: Path) -> None:
+    lines = [
+        b"red cat", b"", b"   ", b"\t", "\u200b\ufeff".encode(), b"dog\r", b"cat\rdog", b"fish\x00bird", b"tree\x0cstone",
+        "river\u2028cloud".encode(), b"bad \xff\xfe utf8", b"\x1b[31mred\x1b[0m", "old\u0085new".encode(),
+        " ".join(["house"] * 200).encode(),  # longer than max_positions (64)
+        b"last line without newline",
+    ]
+    src = tmp_path / "in.txt"
+    src.write_bytes(b"\n".join(lines))
+    proc = nmt("translate", tiny_trained_model, "-i", src, "--beam", 2)
+    out = proc.stdout.split("\n")
+    assert out[-1] == "" and len(out) - 1 == len(lines), proc.stdout
+    assert out[1] == out[2] == out[3] == out[4] == ""  # blank, or nothing sentencepiece keeps
+    assert out[0] != ""
+    assert "line 11" in proc.stderr and "UTF-8" in proc.stderr  # the invalid bytes, by line number
+    assert "line 14" in proc.stderr and "max_positions" in proc.stderr  # the truncated line
+
+
+def test_stdin_pipe_and_pieces_formats(tiny_trained_model: Path) -> None:
+    translator = load(tiny_trained_model)
+    pieces = " ".join(translator.sp.encode("red cat sees the dog", out_type=str))
+    raw = nmt("translate", tiny_trained_model, input="red cat sees the dog\n\n").stdout
+    as_pieces = nmt("translate", tiny_trained_model, "--input-format", "pieces", "--output-format", "pieces",
+                    input=pieces + "\n").stdout
+    assert raw.count("\n") == 2 and raw.endswith("\n\n")
+    assert translator.sp.decode(as_pieces.split()) == raw.split("\n")[0]
+
+
+def test_nbest_layout(tiny_trained_model: Path) -> None:
+    proc = nmt("translate", tiny_trained_model, "--beam", 4, "--nbest", 3, input="red cat\n\nbig dog house\n")
+    rows = [line.split("\t") for line in proc.stdout.splitlines()]
+    assert len(rows) == 9 and all(len(r) == 3 for r in rows)
+    assert [r[0] for r in rows] == ["1"] * 3 + ["2"] * 3 + ["3"] * 3
+    assert [r[1] for r in rows[3:6]] == ["-inf"] * 3 and [r[2] for r in rows[3:6]] == [""] * 3
+    for first in (0, 6):
+        scores = [float(r[1]) for r in rows[first : first + 3]]
+        assert scores == sorted(scores, reverse=True)
+    best = nmt("translate", tiny_trained_model, "--beam", 4, input="red cat\n\nbig dog house\n").stdout.splitlines()
+    assert [rows[0][2], rows[6][2]] == [best[0], best[2]]
+
+
+def test_terminal_input_is_translated_line_by_line(tiny_trained_model: Path) -> None:
+    """From a terminal, each line's translation appears before the next line is typed."""
+    main, secondary = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "translate", str(tiny_trained_model)],
+                            stdin=secondary, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    os.close(secondary)
+    try:
+        for line in ["red cat", "", "old tree near the river"]:
+            os.write(main, line.encode() + b"\n")
+            ready, _, _ = select.select([proc.stdout], [], [], 60)
+            assert ready, f"no output for {line!r} while the input is still open"
+            assert proc.stdout.readline().endswith(b"\n")
+    finally:
+        os.close(main)
+        proc.wait(timeout=60)
+
+
+def test_bad_model_files_are_refused(tmp_path: Path, tiny_trained_model: Path) -> None:
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a model at all")
+    assert_user_error(nmt("translate", garbage, input="a\n", check=False), "garbage.pt", "corrupt")
+    flipped = tmp_path / "flipped.pt"
+    data = bytearray(tiny_trained_model.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    flipped.write_bytes(bytes(data))
+    with pytest.raises(NmtError, match="flipped.pt"):
+        run(TranslateConfig(model=flipped))
+    with pytest.raises(NmtError, match="missing.pt"):
+        run(TranslateConfig(model=tmp_path / "missing.pt"))
+    with pytest.raises(NmtError, match="--nbest"):
+        run(TranslateConfig(model=tiny_trained_model, beam=4, nbest=5))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_dtypes_translate(tiny_trained_model: Path, dtype: str) -> None:
+    out = nmt("translate", tiny_trained_model, "--dtype", dtype, "--device", "cpu", input="red cat sees the dog\n").stdout
+    assert out.count("\n") == 1 and out.strip()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_missing_cuda_and_cpu_fp16_are_refused(tiny_trained_model: Path) -> None:
+    with pytest.raises(NmtError, match="--device cpu"):
+        run(TranslateConfig(model=tiny_trained_model, device="cuda"))
+    with pytest.raises(NmtError, match="bf16"):
+        run(TranslateConfig(model=tiny_trained_model, device="cpu", dtype="fp16"))
