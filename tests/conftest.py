@@ -103,6 +103,9 @@ def multi30k_bin(multi30k_bpe: Path) -> Path:
     out = multi30k_bpe.parent / "bin"
     nmt("binarize", multi30k_bpe, "--out", out, "--workers", 2)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
 # Model files for the inference tests (average, translate, search). `tiny_trained_model` stands in
 # for the output of `nmt train` until that stage is merged; switch it to a real `nmt train` run then.
 
