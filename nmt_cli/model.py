@@ -197,8 +197,11 @@ class Transformer(nn.Module):
     def logits(self, hidden: Tensor) -> Tensor:  # (..., D) -> (..., V), the tied output projection
         return F.linear(hidden, self.embed.weight)
 
-    def forward(self, src: Tensor, prev: Tensor) -> Tensor:  # -> (B, T, V)
-        return self.logits(self.decode(prev, self.encode(src)))
+    def forward(self, src: Tensor, prev: Tensor, keep: Tensor | None = None) -> Tensor:
+        """Teacher-forced logits (B, T, V), or (N, V) for the N positions where `keep` (B, T) is True:
+        the trainer keeps the real target positions, so padding never reaches the output projection."""
+        hidden = self.decode(prev, self.encode(src))  # (B, T, D)
+        return self.logits(hidden if keep is None else hidden[keep])
 
     # -- incremental decoding, one target position per call ---------------------------------------
 
