@@ -120,3 +120,32 @@ def rank_micro_batches(split: Split, order: np.ndarray, positions: range, rank: 
 
 def order_of(split: Split, epoch: int, seed: int) -> np.ndarray:
     return epoch_order(len(split.batches), epoch, seed)
+
+
+def describe_plan(cfg: TrainConfig, data: Corpus, per_node: int, kind: str, params: int, peak_lr: float) -> str:
+    """The dry run's report: model size, devices, batch, accumulation, learning rate, cadence, plan."""
+    split, world = data.train, per_node * cfg.nnodes
+    M = micro_batches_per_update(cfg, split, world)
+    per_epoch = updates_per_epoch(len(split.batches), world, M)
+    mean = float(split.tgt_tokens.mean())
+    saves = [f"every {cfg.save_interval_minutes:g} minutes"] if cfg.save_interval_minutes > 0 else []
+    saves += [f"every {cfg.save_interval_updates} updates"] if cfg.save_interval_updates > 0 else []
+    stops = [f"{cfg.max_update:,} updates (about {cfg.max_update / max(per_epoch, 1):,.1f} epochs)"] if cfg.max_update else []
+    stops += [f"{cfg.max_epoch} epochs ({cfg.max_epoch * per_epoch:,} updates)"] if cfg.max_epoch else []
+    stops += [f"{cfg.max_time_hours:g} hours"] if cfg.max_time_hours else []
+    units = "GPU(s)" if kind == "GPU" else f"{kind}(es)"
+    return "\n".join([
+        f"parameters: {params:,} ({cfg.arch}, vocabulary {len(data.dictionary):,})",
+        f"devices: {world} ({cfg.nnodes} node(s) x {per_node} {units})",
+        f"max_tokens per device: {cfg.max_tokens:,} (one micro-batch, padding included)",
+        f"accumulation: {M} micro-batch(es) per device per update",
+        f"tokens per update: {cfg.tokens_per_update:,} asked; about {world * M * mean:,.0f} real target tokens "
+        f"planned ({world} devices x {M} x {mean:,.0f})",
+        f"peak learning rate: {peak_lr:.3e} at update {cfg.warmup_updates} ({cfg.lr_schedule} schedule)",
+        f"checkpoints: {' and '.join(saves) or 'at the end only'}, keep the last {cfg.keep_last}, plus "
+        "checkpoint_last.pt and checkpoint_best.pt (by validation loss)",
+        f"validation: every {cfg.validate_interval_updates} updates and at every checkpoint",
+        f"data: {sum(map(len, split.batches)):,} training pairs in {len(split.batches):,} batches "
+        f"({split.skipped:,} skipped as too long); {per_epoch:,} updates per epoch",
+        "plan: " + ("stop at the first of " + ", ".join(stops) if stops else "no limit (stop it by hand)"),
+    ])

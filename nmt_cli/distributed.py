@@ -14,7 +14,6 @@ import dataclasses
 import datetime
 import logging
 import os
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -205,11 +204,3 @@ def broadcast(obj: Any, ctx: Context) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def quiet_worker_errors(ctx: Context) -> bool:
-    """Only rank 0 prints a user error that every rank hits alike (the others exit silently)."""
-    if ctx.rank != 0:
-        sys.stderr.flush()
-        return True
-    return False

@@ -12,7 +12,6 @@ Run as ``python -m nmt_cli.train ARGS`` (what torchrun starts) it is the `nmt tr
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 import time
@@ -31,9 +30,9 @@ from nmt_cli.data import PAD, collate
 from nmt_cli.errors import NmtError
 from nmt_cli.loss import label_smoothed_nll, per_token
 from nmt_cli.model import Transformer
+from nmt_cli.resume import Counters, apply_resume, training_checkpoint
 from nmt_cli.stages import TrainConfig
 from nmt_cli.trainlog import JSONL, TrainLog, truncate_after
-from nmt_cli.resume import Counters, apply_resume, training_checkpoint
 
 
 def run(cfg: TrainConfig) -> None:
@@ -172,8 +171,9 @@ class Trainer:
 
     def _finished(self) -> bool:
         c, cfg = self.counters, self.cfg
+        out_of_time = cfg.max_time_hours > 0 and c.train_seconds >= cfg.max_time_hours * 3600
         return bool((cfg.max_update and c.update >= cfg.max_update) or (cfg.max_epoch and c.epoch > cfg.max_epoch)
-                    or c.stop_requested)
+                    or c.stop_requested or out_of_time)
 
     def _epoch(self) -> bool:
         """Train on the rest of the current epoch; False when a stop condition ended it early."""
@@ -319,43 +319,10 @@ def print_plan(cfg: TrainConfig) -> None:
     """--dry-run: what training would do on the devices asked for, without starting any."""
     data = corpus.load(cfg)
     per_node = distributed.processes_per_node(cfg, planning=True)
-    world = per_node * cfg.nnodes
     with torch.device("meta"):  # counts parameters without allocating them (transformer_big: 213M)
         params = sum(p.numel() for p in Transformer(cfg.model, len(data.dictionary)).parameters())
-    split = data.train
-    M = corpus.micro_batches_per_update(cfg, split, world)
-    per_epoch = corpus.updates_per_epoch(len(split.batches), world, M)
-    planned = world * M * float(split.tgt_tokens.mean())
     kind = "GPU" if cfg.gpus > 0 or (cfg.nproc == 0 and distributed.use_cuda(cfg)) else "CPU process"
-    saves = [f"every {cfg.save_interval_minutes:g} minutes"] if cfg.save_interval_minutes > 0 else []
-    saves += [f"every {cfg.save_interval_updates} updates"] if cfg.save_interval_updates > 0 else []
-    lines = [
-        f"parameters: {params:,} ({cfg.arch}, vocabulary {len(data.dictionary):,})",
-        f"devices: {world} ({cfg.nnodes} node(s) x {per_node} {kind}(es))".replace("GPU(es)", "GPU(s)"),
-        f"max_tokens per device: {cfg.max_tokens:,} (one micro-batch, padding included)",
-        f"accumulation: {M} micro-batch(es) per device per update",
-        f"tokens per update: {cfg.tokens_per_update:,} asked; about {planned:,.0f} real target tokens planned "
-        f"({world} x {M} x {split.tgt_tokens.mean():,.0f})",
-        f"peak learning rate: {optim_lib.peak_learning_rate(cfg):.3e} at update {cfg.warmup_updates} ({cfg.lr_schedule} schedule)",
-        f"checkpoints: {' and '.join(saves) or 'at the end only'}, keep the last {cfg.keep_last}, plus "
-        "checkpoint_last.pt and checkpoint_best.pt (by validation loss)",
-        f"validation: every {cfg.validate_interval_updates} updates and at every checkpoint",
-        f"data: {sum(map(len, split.batches)):,} training pairs in {len(split.batches):,} batches "
-        f"({split.skipped:,} skipped as too long); {per_epoch:,} updates per epoch",
-        f"plan: {_plan_line(cfg, per_epoch)}",
-    ]
-    print("\n".join(lines))
-
-
-def _plan_line(cfg: TrainConfig, per_epoch: int) -> str:
-    stops = []
-    if cfg.max_update:
-        stops.append(f"{cfg.max_update:,} updates (about {cfg.max_update / max(per_epoch, 1):,.1f} epochs)")
-    if cfg.max_epoch:
-        stops.append(f"{cfg.max_epoch} epochs ({cfg.max_epoch * per_epoch:,} updates)")
-    if cfg.max_time_hours:
-        stops.append(f"{cfg.max_time_hours:g} hours")
-    return "stop at the first of " + ", ".join(stops) if stops else "no limit (stop it by hand)"
+    print(corpus.describe_plan(cfg, data, per_node, kind, params, optim_lib.peak_learning_rate(cfg)))
 
 
 def validation_bleu(model: Transformer, data: corpus.Corpus, cfg: TrainConfig) -> float | None:
@@ -411,4 +378,4 @@ if __name__ == "__main__":  # what torchrun starts: the `nmt train` command with
 
     from nmt_cli.cli import app
 
-    app(["train", *sys.argv[1:]], prog_name="nmt train")
+    app(["train", *sys.argv[1:]], prog_name="nmt")
