@@ -3,7 +3,13 @@
 The smoothed target distribution of a token with reference y is
 ``q(v) = (1 - eps) * [v == y] + eps / V`` (Szegedy et al. 2016, "Rethinking the Inception
 Architecture", section 7; the same form as ``torch.nn.functional.cross_entropy(label_smoothing=eps)``),
-so the loss of one token is ``-sum_v q(v) log p(v) = (1 - eps) * nll + eps * mean_v(-log p(v))``.
+so with ``log p(v) = x_v - logsumexp(x)`` the loss of one token is
+
+    -sum_v q(v) log p(v) = logsumexp(x) - (1 - eps) * x_y - eps * mean_v(x_v)
+
+and its gradient with respect to the logits is ``softmax(x) - q``. `label_smoothed_nll` computes both
+in a few passes over the (tokens x vocabulary) logits, without keeping a float32 copy of them for the
+backward pass: on a CPU the loss over the big output layer otherwise costs a fifth of a training step.
 
 Losses are *sums* over real (non-pad) target tokens. The trainer divides them by the number of
 real target tokens of the whole update (every micro-batch on every rank), so an update's gradient
@@ -21,17 +27,57 @@ from nmt_cli.data import PAD
 def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float, pad: int = PAD) -> tuple[Tensor, Tensor]:
     """(smoothed loss, nll), each summed over the positions where ``target != pad``.
 
-    logits (..., V) unnormalised scores, any float dtype (computed in fp32); target (...) ids.
+    logits (..., V) unnormalised scores in any float dtype (the arithmetic is float32); target (...) ids.
+    The nll carries no gradient: it is for the log.
     """
     logits, target = logits.reshape(-1, logits.shape[-1]), target.reshape(-1)
     real = target != pad
     if not bool(real.all()):  # the trainer passes real rows only; this keeps the function total
         logits, target = logits[real], target[real]
-    lprobs = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
-    nll = -lprobs.gather(1, target[:, None]).squeeze(1)  # (N,)
-    uniform = -lprobs.mean(dim=-1)  # (N,) cross-entropy against the uniform distribution
-    loss = (1.0 - epsilon) * nll + epsilon * uniform
-    return loss.sum(), nll.detach().sum()
+    loss, nll = _SmoothedCrossEntropy.apply(logits, target, epsilon)
+    return loss, nll
+
+
+class _SmoothedCrossEntropy(torch.autograd.Function):
+    """Sums of the smoothed loss and of the nll of logits (N, V) against target (N,).
+
+    On a CPU the rows go through in chunks of about 4 MB of float32, so each chunk's passes (cast,
+    max, exp, sum) stay in cache: 4x faster than whole-tensor passes for 2560 x 8000 logits.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+        N, V = logits.shape
+        lse = torch.empty(N, dtype=torch.float32, device=logits.device)  # logsumexp_v x_v
+        mean = torch.empty_like(lse)  # mean_v x_v
+        for rows in _chunks(logits):
+            x = logits[rows].float()  # (n, V)
+            lse[rows], mean[rows] = torch.logsumexp(x, dim=-1), x.mean(dim=-1)
+        picked = logits.gather(1, target[:, None]).squeeze(1).float()  # (N,) x_y
+        nll = lse - picked
+        loss = lse - (1.0 - epsilon) * picked - epsilon * mean
+        ctx.save_for_backward(logits, target, lse)
+        ctx.epsilon = epsilon
+        ctx.mark_non_differentiable(nll)
+        return loss.sum(), nll.sum()
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor) -> tuple[Tensor, None, None]:
+        logits, target, lse = ctx.saved_tensors
+        eps, V = ctx.epsilon, logits.shape[-1]
+        grad = torch.empty_like(logits)
+        for rows in _chunks(logits):
+            p = logits[rows].float().sub_(lse[rows, None]).exp_()  # softmax, (n, V) float32
+            p.sub_(eps / V)  # minus q: eps / V everywhere ...
+            p.scatter_add_(1, target[rows, None], torch.full_like(lse[rows, None], eps - 1.0))  # ... 1 - eps more at y
+            grad[rows] = p.mul_(grad_loss)
+        return grad, None, None
+
+
+def _chunks(logits: Tensor) -> list[slice]:
+    N, V = logits.shape
+    step = N if logits.device.type != "cpu" else max(1, (1 << 20) // V)
+    return [slice(start, start + step) for start in range(0, N, step)]
 
 
 def per_token(total: float, tokens: int) -> float:

@@ -107,6 +107,7 @@ class Trainer:
         self.saved_update = -1
         self.interval = _Interval()
         self.save_due = False
+        self.run_start = self.last_save = time.monotonic()
         torch.manual_seed(cfg.seed * 1000 + ctx.rank)  # dropout differs between ranks
         self.example_log = os.environ.get("NMT_TEST_EXAMPLE_LOG")  # tests: which examples each rank saw
 
@@ -184,7 +185,7 @@ class Trainer:
             positions = corpus.update_positions(start, u, W, M, len(split.batches))
             micro = corpus.rank_micro_batches(split, order, positions, self.ctx.rank, W, M)
             src_tokens, tgt_tokens = corpus.update_tokens(split, order, positions)
-            self._update(micro, tgt_tokens)
+            self.update(micro, tgt_tokens)
             c.epoch_batches_done = positions.stop
             self._after_update()
             if self._finished():
@@ -192,7 +193,7 @@ class Trainer:
         c.epoch, c.epoch_batches_done = c.epoch + 1, 0
         return True
 
-    def _update(self, micro: list[np.ndarray | None], update_tgt_tokens: int) -> None:
+    def update(self, micro: list[np.ndarray | None], update_tgt_tokens: int) -> None:
         """Forward/backward of this rank's micro-batches, then one optimiser step."""
         cfg, c = self.cfg, self.counters
         sums = torch.zeros(5, dtype=torch.float64, device=self.ctx.device)  # loss, nll, tgt, src, sentences
@@ -339,6 +340,9 @@ def _rng_state(device: torch.device) -> dict[str, Tensor | None]:
 
 class _Interval:
     """Sums over the updates since the last log line."""
+
+    def __init__(self) -> None:
+        self.reset()
 
     def reset(self, sums: dict[str, float] | None = None) -> None:
         self.values = dict.fromkeys(("loss", "nll", "tgt", "src", "sentences", "gnorm", "updates"), 0.0)

@@ -80,3 +80,22 @@ def test_micro_batches_normalised_by_the_update_equal_one_big_batch() -> None:
         (loss / tokens).backward()
     for want, p in zip(big, model.parameters(), strict=True):
         torch.testing.assert_close(p.grad, want, atol=1e-6, rtol=1e-5)
+
+
+def test_gradient_is_softmax_minus_the_smoothed_target() -> None:
+    """The hand-written backward equals autograd through log_softmax, in float32 and bfloat16."""
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(7, V, generator=g) * 2
+    target = torch.randint(4, V, (7,), generator=g)
+    target[5] = PAD
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+        logits = base.clone().to(dtype).requires_grad_()
+        loss, _ = label_smoothed_nll(logits, target, 0.1)
+        (3.0 * loss).backward()
+        ref = base.clone().to(dtype).float().requires_grad_()
+        lprobs = torch.log_softmax(ref[target != PAD], dim=-1)
+        q = torch.full_like(lprobs, 0.1 / V).scatter_add_(
+            1, target[target != PAD][:, None], torch.full((6, 1), 0.9))
+        (3.0 * -(q * lprobs).sum()).backward()
+        assert logits.grad.dtype == dtype
+        torch.testing.assert_close(logits.grad.float(), ref.grad, atol=tol, rtol=tol)

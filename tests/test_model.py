@@ -128,3 +128,17 @@ def test_library_modules_know_nothing_of_distribution(module: str) -> None:
             imported.add(node.module or "")
     assert not any(name.startswith("torch.distributed") or name == "torch.nn.parallel" for name in imported)
     assert "DistributedDataParallel" not in source
+
+
+def test_cpu_dropout_drops_at_its_rate_and_keeps_the_expectation() -> None:
+    from nmt_cli.model import Dropout
+
+    torch.manual_seed(0)
+    layer, x = Dropout(0.1), torch.ones(200, 500)
+    y = layer(x)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - 0.9) < 0.005  # 100000 draws: 5 standard deviations
+    assert torch.allclose(y[kept], torch.tensor(65536 / (65536 - 6554)))  # 1 / (1 - p) with p = 6554/65536
+    assert abs(y.mean().item() - 1.0) < 0.01
+    assert not torch.equal(layer(x), y), "a new mask for each call"
+    assert torch.equal(layer.eval()(x), x)
