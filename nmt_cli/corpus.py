@@ -10,8 +10,9 @@ epoch and how many batches of that epoch are done.
 - Epoch: the batches in an order drawn from (seed, epoch) (data.epoch_order).
 - Update: the next W * M batches of that order (W ranks, M micro-batches each), dealt round-robin,
   so rank r's micro-batch i of the update is position start + i * W + r (data.shard_batches).
-  M follows from `tokens_per_update`; a rank short of batches at the end of an epoch runs zero-weight
-  dummy micro-batches, so every rank runs the same number of synchronised backward passes.
+  M follows from `tokens_per_update`. Every rank ends each update with one synchronised backward
+  pass (the gradient all-reduce); a rank left without batches at the end of an epoch runs one
+  zero-weight dummy micro-batch for it.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def micro_batches_per_update(cfg: TrainConfig, split: Split, world_size: int) ->
     if cfg.micro_batches_per_update > 0:
         return cfg.micro_batches_per_update
     mean = split.tgt_tokens.mean() if len(split.batches) else 1.0
-    return max(1, round(cfg.tokens_per_update / (world_size * mean)))
+    wanted = max(1, round(cfg.tokens_per_update / (world_size * mean)))
+    return min(wanted, math.ceil(len(split.batches) / world_size))  # an update never exceeds an epoch
 
 
 def updates_per_epoch(n_batches: int, world_size: int, micro_batches: int, start: int = 0) -> int:
@@ -113,9 +115,11 @@ def update_tokens(split: Split, order: np.ndarray, positions: range) -> tuple[in
 
 def rank_micro_batches(split: Split, order: np.ndarray, positions: range, rank: int,
                        world_size: int, micro_batches: int) -> list[np.ndarray | None]:
-    """This rank's M micro-batches (example ids) of an update; None marks a zero-weight dummy."""
+    """This rank's micro-batches (example ids) of an update, at most M; [None] (a zero-weight dummy)
+    when the epoch has none left for it, so that its one synchronised backward pass still happens."""
     mine = [split.batches[order[p]] for p in positions[rank::world_size]]
-    return mine + [None] * (micro_batches - len(mine))
+    assert len(mine) <= micro_batches
+    return mine or [None]
 
 
 def order_of(split: Split, epoch: int, seed: int) -> np.ndarray:

@@ -24,6 +24,8 @@ from nmt_cli.model import Transformer
 from nmt_cli.stages import ModelConfig
 from synthetic_binarized import build
 
+pytestmark = pytest.mark.slow  # each test trains a small model through the real command line
+
 SMALL = ["--arch", "transformer_tiny", "--precision", "fp32", "--max-tokens", "256",
          "--save-interval-minutes", "0", "--set", "model.d_model=32", "--set", "model.d_ff=64",
          "--set", "model.heads=2", "--set", "threads=1", "--set", "log_interval=1"]
