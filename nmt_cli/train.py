@@ -147,9 +147,10 @@ class Trainer:
 
     def _report_plan(self) -> None:
         split, cfg = self.data.train, self.cfg
-        if split.skipped:
-            self.log.warn(f"skipped {split.skipped} training examples longer than "
-                          f"{min(cfg.model.max_positions, cfg.max_tokens)} tokens (max_positions/max_tokens)")
+        for name, part in (("training", split), ("validation", self.data.valid)):
+            if part.skipped:
+                self.log.warn(f"skipped {part.skipped} of {len(part.src)} {name} examples longer than "
+                              f"{min(cfg.model.max_positions, cfg.max_tokens)} tokens (max_positions, max_tokens)")
         self.log.info(f"parameters={sum(p.numel() for p in self.model.parameters())} devices={self.ctx.world_size} "
                       f"device={self.ctx.device.type} precision={self.precision} max_tokens={cfg.max_tokens} "
                       f"micro_batches_per_update={self.micro_batches} batches_per_epoch={len(split.batches)}")

@@ -33,7 +33,7 @@ SMALL = ["--arch", "transformer_tiny", "--precision", "fp32", "--max-tokens", "2
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build(tmp_path_factory.mktemp("train") / "bin", train=150, valid=30)
+    return build(tmp_path_factory.mktemp("train") / "bin", train=150, valid=30, long_examples=2)  # ids 150, 151
 
 
 def _records(save_dir: Path, kind: str = "train") -> list[dict]:
@@ -55,8 +55,9 @@ def test_dry_run_prints_the_plan_without_training(data_dir: Path, tmp_path: Path
 
 def test_training_writes_checkpoints_log_and_config(data_dir: Path, tmp_path: Path) -> None:
     save = tmp_path / "run"
-    nmt("train", data_dir, "--save-dir", save, *SMALL, "--max-update", "6", "--save-interval-updates", "2",
-        "--keep-last", "2")
+    proc = nmt("train", data_dir, "--save-dir", save, *SMALL, "--max-update", "6", "--save-interval-updates", "2",
+               "--keep-last", "2")
+    assert "skipped 2 of 152 training examples longer than 256 tokens" in proc.stderr
     names = sorted(p.name for p in save.glob("checkpoint*.pt"))
     assert names == ["checkpoint_4.pt", "checkpoint_6.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
     state = checkpoint.load(save / "checkpoint_last.pt")  # torch.load(weights_only=True) + checksum
@@ -163,7 +164,7 @@ def test_two_gloo_workers_equal_one_worker_with_twice_the_accumulation(data_dir:
 
     ranks = [_example_ids(logs["two"] / f"examples.rank{r}.txt") for r in (0, 1)]
     assert ranks[0] and ranks[1] and not ranks[0] & ranks[1]
-    assert ranks[0] | ranks[1] == _example_ids(logs["one"] / "examples.rank0.txt") == set(range(150))
+    assert ranks[0] | ranks[1] == _example_ids(logs["one"] / "examples.rank0.txt") == set(range(150))  # 2 too long
 
     mismatch = nmt("train", data_dir, "--save-dir", tmp_path / "two", *args, "--nproc", "2",
                    "--set", "model.d_ff=128", "--max-epoch", "2", check=False)
