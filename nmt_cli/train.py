@@ -185,7 +185,7 @@ class Trainer:
         for u in range(corpus.updates_per_epoch(len(split.batches), W, M, start)):
             positions = corpus.update_positions(start, u, W, M, len(split.batches))
             micro = corpus.rank_micro_batches(split, order, positions, self.ctx.rank, W, M)
-            src_tokens, tgt_tokens = corpus.update_tokens(split, order, positions)
+            _, tgt_tokens = corpus.update_tokens(split, order, positions)
             self.update(micro, tgt_tokens)
             c.epoch_batches_done = positions.stop
             self._after_update()
@@ -202,8 +202,9 @@ class Trainer:
             batch = self._batch(ids if ids is not None else self.data.train.batches[0])
             # dividing by the update's target tokens (all ranks) times W undoes DDP's mean over ranks
             weight = 0.0 if ids is None else self.ctx.world_size / update_tgt_tokens
-            with distributed.gradient_sync(self.ddp, sync=i == len(micro) - 1), self.autocast():
-                loss, nll = micro_batch_loss(self.ddp, batch, cfg.label_smoothing)
+            with distributed.gradient_sync(self.ddp, sync=i == len(micro) - 1):
+                with self.autocast():  # the forward only, as torch.amp recommends
+                    loss, nll = micro_batch_loss(self.ddp, batch, cfg.label_smoothing)
                 self.scaler.scale(loss * weight).backward()
             if ids is not None:
                 real = batch["target"] != PAD
@@ -250,7 +251,8 @@ class Trainer:
                            f"from {cfg.save_dir}/checkpoint_last.pt")
 
     def _time_flags(self) -> list[float]:
-        """[save due by the clock, out of time]; summed over ranks, so all ranks decide alike."""
+        """[save due by the clock, out of time] (summed over ranks, so all ranks decide alike); also
+        brings the training time up to date."""
         now, cfg = time.monotonic(), self.cfg
         self.counters.train_seconds = now - self.run_start
         save = cfg.save_interval_minutes > 0 and now - self.last_save >= cfg.save_interval_minutes * 60
