@@ -3,9 +3,9 @@
 The smoothed target distribution of a token with reference y is
 ``q(v) = (1 - eps) * [v == y] + eps / V`` (Szegedy et al. 2016, "Rethinking the Inception
 Architecture", section 7; the same form as ``torch.nn.functional.cross_entropy(label_smoothing=eps)``),
-so with ``log p(v) = x_v - logsumexp(x)`` the loss of one token is
+so the loss of one token is
 
-    -sum_v q(v) log p(v) = logsumexp(x) - (1 - eps) * x_y - eps * mean_v(x_v)
+    -sum_v q(v) log p(v) = (1 - eps) * (-log p(y)) + eps * mean_v(-log p(v))
 
 and its gradient with respect to the logits is ``softmax(x) - q``. `label_smoothed_nll` computes both
 in a few passes over the (tokens x vocabulary) logits, without keeping a float32 copy of them for the
@@ -41,35 +41,35 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float, pad: int 
 class _SmoothedCrossEntropy(torch.autograd.Function):
     """Sums of the smoothed loss and of the nll of logits (N, V) against target (N,).
 
-    On a CPU the rows go through in chunks of about 4 MB of float32, so each chunk's passes (cast,
-    max, exp, sum) stay in cache: 4x faster than whole-tensor passes for 2560 x 8000 logits.
+    On a CPU the rows go through in chunks of about 4 MB of float32, so each chunk's temporaries
+    stay in cache: 3x faster than whole-tensor passes for 2560 x 8000 logits. bf16 logits are read
+    as they are by (log_)softmax with a float32 result, never copied whole.
     """
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
-        N, V = logits.shape
-        lse = torch.empty(N, dtype=torch.float32, device=logits.device)  # logsumexp_v x_v
-        mean = torch.empty_like(lse)  # mean_v x_v
+        nll = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)  # (N,) -log p(y)
+        uniform = torch.empty_like(nll)  # (N,) -mean_v log p(v)
         for rows in _chunks(logits):
-            x = logits[rows].float()  # (n, V)
-            lse[rows], mean[rows] = torch.logsumexp(x, dim=-1), x.mean(dim=-1)
-        picked = logits.gather(1, target[:, None]).squeeze(1).float()  # (N,) x_y
-        nll = lse - picked
-        loss = lse - (1.0 - epsilon) * picked - epsilon * mean
-        ctx.save_for_backward(logits, target, lse)
+            lprobs = torch.log_softmax(logits[rows], dim=-1, dtype=torch.float32)  # (n, V)
+            nll[rows] = -lprobs.gather(1, target[rows, None]).squeeze(1)
+            uniform[rows] = -lprobs.mean(dim=-1)
+        ctx.save_for_backward(logits, target)
         ctx.epsilon = epsilon
+        loss = (1.0 - epsilon) * nll + epsilon * uniform
+        nll = nll.sum()
         ctx.mark_non_differentiable(nll)
-        return loss.sum(), nll.sum()
+        return loss.sum(), nll
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, grad_nll: Tensor) -> tuple[Tensor, None, None]:
-        logits, target, lse = ctx.saved_tensors
+        logits, target = ctx.saved_tensors
         eps, V = ctx.epsilon, logits.shape[-1]
         grad = torch.empty_like(logits)
         for rows in _chunks(logits):
-            p = logits[rows].float().sub_(lse[rows, None]).exp_()  # softmax, (n, V) float32
+            p = torch.softmax(logits[rows], dim=-1, dtype=torch.float32)  # (n, V)
             p.sub_(eps / V)  # minus q: eps / V everywhere ...
-            p.scatter_add_(1, target[rows, None], torch.full_like(lse[rows, None], eps - 1.0))  # ... 1 - eps more at y
+            p.scatter_add_(1, target[rows, None], torch.full_like(p[:, :1], eps - 1.0))  # ... 1 - eps more at y
             grad[rows] = p.mul_(grad_loss)
         return grad, None, None
 
