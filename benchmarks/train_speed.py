@@ -1,6 +1,7 @@
 """Training speed of `transformer_small` on this CPU, against the CPU's own matrix-multiply peak.
 
     python benchmarks/train_speed.py [--threads 2] [--seconds 20] [--max-tokens 6144] [--vocab 8000]
+    python benchmarks/train_speed.py --threads 1,2      # one table row per thread count and precision
 
 Prints, from one run: the matmul peak (fp32, bf16; large square products on --threads threads),
 the target tokens per second of real training updates (`train.Trainer.update`: forward, label-smoothed
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import tempfile
 import time
@@ -110,27 +112,32 @@ def measure(data: Path, precision: str, args: argparse.Namespace) -> dict[str, f
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", default="2", help="thread counts to measure, comma-separated")
     parser.add_argument("--seconds", type=float, default=20.0, help="timed seconds per precision")
     parser.add_argument("--warmup", type=int, default=3, help="untimed updates first")
     parser.add_argument("--max-tokens", type=int, default=6144)
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--arch", default="transformer_small")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    threads = [int(t) for t in args.threads.split(",")]
+    print(f"{args.arch}, vocabulary {args.vocab}, max_tokens {args.max_tokens}, torch {torch.__version__}, "
+          f"load average before: {os.getloadavg()[0]:.1f} (other processes on the CPU lower every number)")
+    print("MFU = (6*(P_enc*src_tokens + P_dec*tgt_tokens) + 12*D*L*(sum S^2 + sum T^2/2 + sum S*T)) / s / peak")
+    print(f"{'threads':<8}{'precision':<10}{'tgt tok/s':>12}{'model GFLOP/s':>15}{'matmul peak GFLOP/s':>22}"
+          f"{'MFU':>8}{'updates':>9}")
     with tempfile.TemporaryDirectory() as tmp:
         data = synthetic_corpus(Path(tmp) / "bin", args.vocab, pairs=20000)
-        peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
-        rows = {p: measure(data, p, args) for p in ("fp32", "bf16")}
-        peaks_after = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
-    print(f"{args.arch}, vocabulary {args.vocab}, max_tokens {args.max_tokens}, {args.threads} threads, "
-          f"torch {torch.__version__}")
-    print("MFU = (6*(P_enc*src_tokens + P_dec*tgt_tokens) + 12*D*L*(sum S^2 + sum T^2/2 + sum S*T)) / s / peak")
-    print(f"{'precision':<10}{'tgt tok/s':>12}{'model GFLOP/s':>15}{'matmul peak GFLOP/s':>22}{'MFU':>8}{'updates':>9}")
-    for precision, row in rows.items():
-        peak = max(peaks[precision], peaks_after[precision])  # the better of before/after: others share the CPU
-        print(f"{precision:<10}{row['tokens_per_second']:>12,.0f}{row['flops_per_second'] / 1e9:>15,.1f}"
-              f"{peak / 1e9:>22,.1f}{row['flops_per_second'] / peak:>8.1%}{row['updates']:>9}")
+        for count in threads:
+            torch.set_num_threads(count)
+            args.threads = count
+            for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+                before = matmul_peak(dtype)
+                row = measure(data, precision, args)
+                peak = max(before, matmul_peak(dtype))  # the better of before/after: others share the CPU
+                print(f"{count:<8}{precision:<10}{row['tokens_per_second']:>12,.0f}"
+                      f"{row['flops_per_second'] / 1e9:>15,.1f}{peak / 1e9:>22,.1f}"
+                      f"{row['flops_per_second'] / peak:>8.1%}{row['updates']:>9}", flush=True)
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
