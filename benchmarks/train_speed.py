@@ -14,6 +14,9 @@ linears; decoder linears plus the tied output projection V x D), and attention c
 products QK^T and AV forward and backward: 12 * D * (sum S^2 + sum T^2 / 2 + sum S*T) per layer
 (causal self-attention counted half), over real tokens only. The data is synthetic (random ids,
 sentence lengths like WMT: about 27 tokens), binarized the way `nmt binarize` writes it.
+"CPU busy" is the process's CPU time over wall time x threads: below ~95%, other processes took
+the cores for part of the run, and with 2 threads every parallel operation then waits for its
+descheduled partner, so the numbers say more about the neighbours than about the code.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -95,19 +99,26 @@ def measure(data: Path, precision: str, args: argparse.Namespace) -> dict[str, f
     split = trainer.data.train
     order = corpus.order_of(split, 1, cfg.seed)
     enc, dec = matmul_params(trainer)
-    done, used, src, tgt, start = 0, [], 0, 0, None
+    done, used, src, tgt, start, cpu = 0, [], 0, 0, None, 0.0
     while start is None or time.perf_counter() - start < args.seconds:
         ids = split.batches[order[done % len(order)]]
         s, t = int(split.src_tokens[order[done % len(order)]]), int(split.tgt_tokens[order[done % len(order)]])
         if done == args.warmup:
-            start, used, src, tgt = time.perf_counter(), [], 0, 0
+            start, used, src, tgt, cpu = time.perf_counter(), [], 0, 0, _cpu_seconds()
         trainer.update([ids], t)
         used.append(ids)
         src, tgt, done = src + s, tgt + t, done + 1
     seconds = time.perf_counter() - start
+    cpu = _cpu_seconds() - cpu
     flops = 6 * (enc * src + dec * tgt) + attention_flops(split, used, cfg.model.d_model, cfg.model.encoder_layers,
                                                          cfg.model.decoder_layers)
-    return {"tokens_per_second": tgt / seconds, "flops_per_second": flops / seconds, "updates": len(used)}
+    return {"tokens_per_second": tgt / seconds, "flops_per_second": flops / seconds, "updates": len(used),
+            "cpu_busy": cpu / (seconds * args.threads)}
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -124,7 +135,7 @@ def main() -> None:
           f"load average before: {os.getloadavg()[0]:.1f} (other processes on the CPU lower every number)")
     print("MFU = (6*(P_enc*src_tokens + P_dec*tgt_tokens) + 12*D*L*(sum S^2 + sum T^2/2 + sum S*T)) / s / peak")
     print(f"{'threads':<8}{'precision':<10}{'tgt tok/s':>12}{'model GFLOP/s':>15}{'matmul peak GFLOP/s':>22}"
-          f"{'MFU':>8}{'updates':>9}")
+          f"{'MFU':>8}{'updates':>9}{'CPU busy':>10}")
     with tempfile.TemporaryDirectory() as tmp:
         data = synthetic_corpus(Path(tmp) / "bin", args.vocab, pairs=20000)
         for count in threads:
@@ -136,7 +147,7 @@ def main() -> None:
                 peak = max(before, matmul_peak(dtype))  # the better of before/after: others share the CPU
                 print(f"{count:<8}{precision:<10}{row['tokens_per_second']:>12,.0f}"
                       f"{row['flops_per_second'] / 1e9:>15,.1f}{peak / 1e9:>22,.1f}"
-                      f"{row['flops_per_second'] / peak:>8.1%}{row['updates']:>9}", flush=True)
+                      f"{row['flops_per_second'] / peak:>8.1%}{row['updates']:>9}{row['cpu_busy']:>10.0%}", flush=True)
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 
