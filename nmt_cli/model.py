@@ -42,8 +42,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool
 
     GPUs take `scaled_dot_product_attention` and its fused kernels. A CPU takes two batched matrix
     products around a float32 softmax: for translation's short sentences that is several times
-    faster than torch's fused CPU kernels (a training step of transformer_small in bf16: attention
-    forward + backward 3.4 ms against 20 ms per layer, benchmarks/train_speed.py).
+    faster than torch's fused CPU kernels (bf16, (80, 4, 32, 64) heads, forward + backward: 3.4 ms
+    against 20 ms for the flash kernel and 12 ms for torch's own math path, which computes in float32).
     """
     if q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
@@ -61,8 +61,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool
 
 class Dropout(nn.Dropout):
     """Dropout that draws its mask faster on a CPU: four 16-bit random numbers from each 64-bit draw,
-    instead of one draw per element (1.2 ms against 3.2 ms for an (80, 32, 256) tensor; 17 calls
-    per step of a 6-layer model). The drop probability is rounded to a multiple of 1/65536
+    instead of one draw per element (forward + backward 2.1 ms against 3.5 ms for an (80, 32, 256)
+    tensor on a 2-core AVX512-BF16 CPU; 17 calls per step of a 6-layer model). The drop probability is rounded to a multiple of 1/65536
     (0.1 becomes 0.100006); kept values are scaled by 1 / (1 - that probability). GPUs keep torch's."""
 
     def forward(self, x: Tensor) -> Tensor:
@@ -72,7 +72,7 @@ class Dropout(nn.Dropout):
         n = x.numel()
         bits = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=x.device)
         keep = bits.view(torch.int16)[:n].view(x.shape) >= drop_below - 32768
-        return x * (keep.to(x.dtype) * (65536 / (65536 - drop_below)))
+        return x * keep * (65536 / (65536 - drop_below))  # scaled in float32 then rounded, as torch does
 
 
 class Encoded(NamedTuple):

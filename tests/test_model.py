@@ -141,4 +141,20 @@ def test_cpu_dropout_drops_at_its_rate_and_keeps_the_expectation() -> None:
     assert torch.allclose(y[kept], torch.tensor(65536 / (65536 - 6554)))  # 1 / (1 - p) with p = 6554/65536
     assert abs(y.mean().item() - 1.0) < 0.01
     assert not torch.equal(layer(x), y), "a new mask for each call"
+    half_in = (torch.rand(200, 500) + 1).bfloat16()
+    half = layer(half_in)  # bf16: the scale is applied in float32 and rounded once, so no systematic bias
+    ratio = (half.float() / half_in.float())[half != 0]
+    assert half.dtype == torch.bfloat16 and abs(ratio.mean().item() - 65536 / (65536 - 6554)) < 3e-4
     assert torch.equal(layer.eval()(x), x)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_cpu_attention_equals_torch_sdpa(causal: bool) -> None:
+    """The CPU's explicit softmax(QK^T/sqrt(K))V gives what scaled_dot_product_attention gives."""
+    from nmt_cli.model import attention
+
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(3, 2, 5, 8, generator=g) for _ in range(3))
+    mask = None if causal else torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.bool)[:, None, None]
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    torch.testing.assert_close(attention(q, k, v, mask, causal, 0.0), want, atol=1e-6, rtol=1e-5)
