@@ -201,10 +201,6 @@ def remove_temporaries(save_dir: Path) -> list[Path]:
     return removed
 
 
-def has_checkpoints(save_dir: Path) -> bool:
-    return (Path(save_dir) / LAST).exists() or bool(numbered_checkpoints(save_dir))
-
-
 def load_latest(save_dir: Path) -> tuple[Path, dict[str, Any], list[str]] | None:
     """The newest readable training checkpoint: checkpoint_last.pt, else the numbered ones from the
     newest down. Returns (path, state, problems with the files skipped), or None for a folder
