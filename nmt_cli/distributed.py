@@ -131,10 +131,10 @@ def launch(cfg: TrainConfig, nproc_per_node: int) -> None:
     try:
         torchrun.run(torchrun.parse_args(torchrun_arguments(cfg, nproc_per_node)))
     except ChildFailedError as e:
-        codes = {failure.exitcode for failure in e.failures.values()}
-        if codes == {2}:  # a user error that the worker has already printed
+        # exit code 2 is a user error that rank 0 has printed; torchrun then stops the other workers
+        if any(failure.exitcode == 2 for failure in e.failures.values()):
             raise SystemExit(2) from None
-        summary = "; ".join(f"rank {f.rank}: exit code {f.exitcode}" for f in e.failures.values())
+        summary = "; ".join(f"rank {rank}: exit code {f.exitcode}" for rank, f in e.failures.items())
         raise NmtError(f"a training worker failed ({summary}); see its output above. Rerun the same "
                        f"command to resume from {cfg.save_dir}/checkpoint_last.pt") from None
 

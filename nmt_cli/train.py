@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -59,8 +60,10 @@ def train(cfg: TrainConfig) -> None:
         trainer = Trainer(cfg, ctx, corpus.load(cfg), log)
         trainer.start()
         trainer.loop()
-    except NmtError:
-        if not ctx.is_main:  # every rank meets the same problem; rank 0 reports it
+    except NmtError as e:
+        if not ctx.is_main:  # rank 0 mostly meets the same problem: it reports, torchrun stops the rest
+            time.sleep(5)
+            print(f"error (rank {ctx.rank}): {e}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
         raise
     finally:
@@ -381,8 +384,6 @@ class _Interval:
 
 
 if __name__ == "__main__":  # what torchrun starts: the `nmt train` command with the same arguments
-    import sys
-
     from nmt_cli.cli import app
 
     app(["train", *sys.argv[1:]], prog_name="nmt")
