@@ -59,7 +59,14 @@ def train(cfg: TrainConfig) -> None:
             torch.set_num_threads(cfg.threads)
         trainer = Trainer(cfg, ctx, corpus.load(cfg), log)
         trainer.start()
-        trainer.loop()
+        try:
+            trainer.loop()
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            if not isinstance(e, torch.OutOfMemoryError) and "can't allocate memory" not in str(e):
+                raise
+            raise NmtError(f"out of memory in a micro-batch of max_tokens={cfg.max_tokens} on {ctx.device}: lower "
+                           "--max-tokens (tokens_per_update stays: more micro-batches per update) and rerun "
+                           "the same command to resume from checkpoint_last.pt") from None
     except NmtError as e:
         if not ctx.is_main:  # rank 0 mostly meets the same problem: it reports, torchrun stops the rest
             time.sleep(5)
