@@ -43,6 +43,23 @@ from nmt_cli.train import Trainer  # noqa: E402
 from nmt_cli.trainlog import TrainLog  # noqa: E402
 
 
+def idle_share(seconds: float = 2.0) -> float:
+    """Share of the machine's CPU time that was idle over the next `seconds` (Linux /proc/stat)."""
+    def sample() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:9]]
+        return sum(fields), fields[3] + fields[4]
+    (total0, idle0), _ = sample(), time.sleep(seconds)
+    total1, idle1 = sample()
+    return (idle1 - idle0) / max(total1 - total0, 1)
+
+
+def wait_until_idle(minutes: float) -> None:
+    """Wait (at most `minutes`) for a moment when other processes leave the CPU at least 90% idle."""
+    deadline = time.monotonic() + minutes * 60
+    while time.monotonic() < deadline and idle_share() < 0.9:
+        time.sleep(5)
+
+
 def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 8) -> float:
     """Best FLOP/s of an n x n x n product (2 n^3 FLOPs)."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
@@ -129,6 +146,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=6144)
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--arch", default="transformer_small")
+    parser.add_argument("--wait-idle-minutes", type=float, default=0.0,
+                        help="on a shared machine: before each row, wait up to this long for an idle CPU")
     args = parser.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
     print(f"{args.arch}, vocabulary {args.vocab}, max_tokens {args.max_tokens}, torch {torch.__version__}, "
@@ -142,6 +161,7 @@ def main() -> None:
             torch.set_num_threads(count)
             args.threads = count
             for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+                wait_until_idle(args.wait_idle_minutes)
                 before = matmul_peak(dtype)
                 row = measure(data, precision, args)
                 peak = max(before, matmul_peak(dtype))  # the better of before/after: others share the CPU
