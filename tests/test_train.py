@@ -182,3 +182,16 @@ def _example_ids(path: Path) -> set[int]:
 def test_validation_bleu_is_refused_until_it_exists(data_dir: Path, tmp_path: Path) -> None:
     proc = nmt("train", data_dir, "--save-dir", tmp_path / "run", *SMALL, "--valid-bleu", check=False)
     assert_user_error(proc, "not available yet")
+
+
+def test_time_limits_save_by_the_clock_and_stop(data_dir: Path, tmp_path: Path) -> None:
+    """No update or epoch limit: the clock saves every 0.6 s and stops the run after 3.6 s."""
+    save = tmp_path / "run"
+    nmt("train", data_dir, "--save-dir", save, *SMALL, "--max-update", "0", "--max-epoch", "0",
+        "--max-time-hours", "0.001", "--save-interval-minutes", "0.01", "--keep-last", "100")
+    state = checkpoint.load(save / "checkpoint_last.pt")
+    assert state["train"]["train_seconds"] >= 3.6
+    assert len(checkpoint.numbered_checkpoints(save)) >= 2, "the clock should have saved before the end"
+    again = nmt("train", data_dir, "--save-dir", save, *SMALL, "--max-update", "0", "--max-epoch", "0",
+                "--max-time-hours", "0.001", "--save-interval-minutes", "0.01", "--keep-last", "100")
+    assert "nothing to do" in again.stderr  # the time limit counts training time across restarts
