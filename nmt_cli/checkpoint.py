@@ -16,16 +16,21 @@ the zip container would not notice.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import os
 import pickle
+import re
+import shutil
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from nmt_cli.artifacts import atomic_writer
+from nmt_cli.artifacts import _fsync_dir, atomic_writer
 from nmt_cli.data import Dictionary
 from nmt_cli.errors import NmtError
 from nmt_cli.stages import ModelConfig
@@ -67,6 +72,7 @@ def save(path: Path, state: dict[str, Any]) -> None:
     state["sha256"] = checksum(state)
     with atomic_writer(path) as f:
         torch.save(state, f)
+        _pause_for_tests()
 
 
 def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -132,3 +138,92 @@ def load_model(path: Path, device: str | torch.device = "cpu"):
     except RuntimeError as e:
         raise NmtError(f"{path}: the weights do not fit the stored model config ({str(e).splitlines()[0]})") from None
     return model.to(device).eval(), dictionary, bytes(state["spm_model"])
+
+
+def _pause_for_tests() -> None:
+    """Sleep between writing a checkpoint's temporary file and renaming it into place, when the
+    tests ask for it (NMT_TEST_SAVE_PAUSE_SECONDS): they kill the process inside that window."""
+    seconds = float(os.environ.get("NMT_TEST_SAVE_PAUSE_SECONDS", "0") or 0)
+    if seconds > 0:
+        time.sleep(seconds)
+
+
+# ---------------------------------------------------------------------------------------------
+# A training run's folder: checkpoint_{update}.pt, checkpoint_last.pt, checkpoint_best.pt
+
+LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
+_NUMBERED = re.compile(r"checkpoint_(\d+)\.pt")
+
+
+def numbered_checkpoints(save_dir: Path) -> list[tuple[int, Path]]:
+    """(update, path) of every checkpoint_{update}.pt in `save_dir`, oldest first."""
+    found = []
+    for path in Path(save_dir).glob("checkpoint_*.pt"):
+        if match := _NUMBERED.fullmatch(path.name):
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def save_training(save_dir: Path, update: int, state: dict[str, Any], best: bool, keep_last: int) -> Path:
+    """Write checkpoint_{update}.pt, point checkpoint_last.pt (and checkpoint_best.pt when `best`)
+    at it, and delete all but the newest `keep_last` numbered checkpoints.
+
+    last and best are hard links to the numbered file (a copy where the filesystem has no links),
+    each swapped in by an atomic rename, so a crash at any point leaves every name readable.
+    """
+    save_dir = Path(save_dir)
+    path = save_dir / f"checkpoint_{update}.pt"
+    save(path, state)
+    _replace_with(path, save_dir / LAST)
+    if best:
+        _replace_with(path, save_dir / BEST)
+    for _, old in numbered_checkpoints(save_dir)[: -keep_last if keep_last > 0 else None]:
+        if old != path:
+            old.unlink(missing_ok=True)
+    return path
+
+
+def _replace_with(source: Path, target: Path) -> None:
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+    except OSError:  # no hard links here (some network or FAT filesystems): copy instead
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+    _fsync_dir(target.parent)
+
+
+def remove_temporaries(save_dir: Path) -> list[Path]:
+    """Delete what an interrupted save left behind (`.checkpoint_*.tmp`); returns what it removed."""
+    removed = []
+    for tmp in Path(save_dir).glob(".checkpoint_*.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+            removed.append(tmp)
+    return removed
+
+
+def load_latest(save_dir: Path) -> tuple[Path, dict[str, Any], list[str]] | None:
+    """The newest readable training checkpoint: checkpoint_last.pt, else the numbered ones from the
+    newest down. Returns (path, state, problems with the files skipped), or None for a folder
+    without checkpoints. A folder whose checkpoints are all unreadable is an error, never a fresh start.
+    """
+    save_dir = Path(save_dir)
+    candidates = [save_dir / LAST] if (save_dir / LAST).exists() else []
+    candidates += [path for _, path in reversed(numbered_checkpoints(save_dir))]
+    problems = []
+    for path in candidates:
+        try:
+            state = load(path)
+        except NmtError as e:
+            problems.append(str(e))
+            continue
+        if state.get("kind") != "checkpoint" or "train" not in state:
+            problems.append(f"{path} holds a model without training state")
+            continue
+        return path, state, problems
+    if problems:
+        raise NmtError(f"{save_dir} holds checkpoints but none can be resumed from: " + "; ".join(problems)
+                       + ". Move the damaged files away (training then starts afresh) or pass another --save-dir")
+    return None

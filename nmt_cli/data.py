@@ -239,11 +239,45 @@ def batch_by_size(indices: np.ndarray, src_sizes: np.ndarray, tgt_sizes: np.ndar
     return batches
 
 
-def shard_batches(batches: list[np.ndarray], epoch: int, seed: int, rank: int, world_size: int) -> list[np.ndarray]:
-    """This rank's batches of an epoch: all batches shuffled from (seed, epoch), then dealt round-robin.
+def shard_batches(batches: list[np.ndarray], epoch: int, seed: int, rank: int, world_size: int,
+                  start: int = 0) -> list[np.ndarray]:
+    """This rank's batches of an epoch: all batches shuffled from (seed, epoch), the first `start`
+    left out (already trained on before a resume), then dealt round-robin.
 
-    Ranks get disjoint shares that together hold every batch once; counts differ by at most one.
+    Ranks get disjoint shares that together hold every remaining batch once; counts differ by at
+    most one. Micro-batch i of update u on this rank is share[u * M + i] (M micro-batches per
+    update), so one update takes the global positions start + u*W*M ... start + (u+1)*W*M - 1.
     """
-    rng = np.random.default_rng([seed, epoch])
-    order = rng.permutation(len(batches))
-    return [batches[i] for i in order[rank::world_size]]
+    order = epoch_order(len(batches), epoch, seed)
+    return [batches[i] for i in order[start + rank :: world_size]]
+
+
+def epoch_order(n_batches: int, epoch: int, seed: int) -> np.ndarray:
+    """The order in which an epoch visits the batches: a permutation drawn from (seed, epoch)."""
+    return np.random.default_rng([seed, epoch]).permutation(n_batches)
+
+
+def filter_by_size(src_sizes: np.ndarray, tgt_sizes: np.ndarray, max_positions: int,
+                   max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, skipped) example indices: an example is skipped when either side is longer than the
+    model accepts or than a whole micro-batch holds. Sizes are what the model sees (EOS included)."""
+    longest = np.maximum(src_sizes, tgt_sizes)
+    fits = longest <= min(max_positions, max_tokens)
+    return np.flatnonzero(fits), np.flatnonzero(~fits)
+
+
+def collate(src: IndexedDataset, tgt: IndexedDataset, ids: np.ndarray) -> dict[str, np.ndarray]:
+    """Arrays of one batch, right-padded with PAD: ``src`` (B, S) = sentence + EOS; ``prev`` (B, T) =
+    BOS + target, what the decoder reads; ``target`` (B, T) = target + EOS, what it must predict."""
+    src_rows = [src[i] for i in ids]
+    tgt_rows = [tgt[i] for i in ids]
+    S = max(len(r) for r in src_rows) + 1
+    T = max(len(r) for r in tgt_rows) + 1
+    out = {name: np.full((len(ids), width), PAD, np.int64)
+           for name, width in (("src", S), ("prev", T), ("target", T))}
+    for b, (s, t) in enumerate(zip(src_rows, tgt_rows, strict=True)):
+        out["src"][b, : len(s)], out["src"][b, len(s)] = s, EOS
+        out["prev"][b, 0], out["prev"][b, 1 : len(t) + 1] = BOS, t
+        out["target"][b, : len(t)], out["target"][b, len(t)] = t, EOS
+    out["ids"] = np.asarray(ids, np.int64)
+    return out

@@ -37,6 +37,46 @@ def sinusoids(length: int, d_model: int) -> Tensor:
     return table.float()  # (L, D)
 
 
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, dropout: float) -> Tensor:
+    """softmax(Q K^T / sqrt(K)) V (section 3.2.1): (B, H, T, K) queries over (B, H, L, K) keys and
+    values -> (B, H, T, K). `mask` (broadcast to (B, H, T, L)) is True where attending is allowed;
+    `causal` lets query t see keys <= t.
+
+    GPUs take `scaled_dot_product_attention` and its fused kernels. A CPU takes two batched matrix
+    products around a float32 softmax: for translation's short sentences that is several times
+    faster than torch's fused CPU kernels (bf16, (80, 4, 32, 64) heads, forward + backward: 3.4 ms
+    against 20 ms for the flash kernel and 12 ms for torch's own math path, which computes in float32).
+    """
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (B, H, T, L)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    if causal:
+        T, L = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(T, L, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    weights = torch.softmax(scores.float(), dim=-1).to(v.dtype)
+    if dropout > 0:
+        weights = F.dropout(weights, dropout)
+    return weights @ v
+
+
+class Dropout(nn.Dropout):
+    """Dropout that draws its mask faster on a CPU: four 16-bit random numbers from each 64-bit draw,
+    instead of one draw per element (forward + backward 2.1 ms against 3.5 ms for an (80, 32, 256)
+    tensor on a 2-core AVX512-BF16 CPU; 17 calls per step of a 6-layer model). The drop probability is rounded to a multiple of 1/65536
+    (0.1 becomes 0.100006); kept values are scaled by 1 / (1 - that probability). GPUs keep torch's."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0 or x.device.type != "cpu":
+            return super().forward(x)
+        drop_below = round(self.p * 65536)  # draws in [0, drop_below) of [0, 65536) are dropped
+        n = x.numel()
+        bits = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=x.device)
+        keep = bits.view(torch.int16)[:n].view(x.shape) >= drop_below - 32768
+        return x * keep * (65536 / (65536 - drop_below))  # scaled in float32 then rounded, as torch does
+
+
 class Encoded(NamedTuple):
     memory: Tensor  # (B, S, D) encoder output
     mask: Tensor  # (B, 1, 1, S) True where the source token is real, for attention over it
@@ -78,17 +118,7 @@ class Attention(nn.Module):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
         """(B, H, T, K) queries over (B, H, L, K) keys/values -> (B, T, D). `mask` is True where allowed."""
-        p = self.dropout if self.training else 0.0
-        return self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal))
-
-    def attend_step(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-        """`attend` for the few queries of one decoding step (no dropout): plain matrix products, with
-        the softmax in fp32. For one query row per head the fused SDPA kernel is several times slower
-        on the CPU, where its tiling is made for long query blocks."""
-        scores = torch.matmul(q, k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5  # (B, H, T, L)
-        if mask is not None:
-            scores.masked_fill_(~mask, -math.inf)
-        return self._merge(torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v))
+        return self._merge(attention(q, k, v, mask, causal, self.dropout if self.training else 0.0))
 
     def _merge(self, y: Tensor) -> Tensor:  # (B, H, T, K) -> W^O applied to the heads side by side (B, T, D)
         B, H, T, K = y.shape
@@ -101,7 +131,7 @@ class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(cfg.d_model, cfg.d_ff), nn.Linear(cfg.d_ff, cfg.d_model)
-        self.activation_dropout = nn.Dropout(cfg.activation_dropout)
+        self.activation_dropout = Dropout(cfg.activation_dropout)
         for fc in (self.fc1, self.fc2):
             nn.init.xavier_uniform_(fc.weight)
             nn.init.zeros_(fc.bias)
@@ -116,7 +146,7 @@ class Residual(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.norm, self.dropout, self.pre_norm = nn.LayerNorm(cfg.d_model), nn.Dropout(cfg.dropout), cfg.norm == "pre"
+        self.norm, self.dropout, self.pre_norm = nn.LayerNorm(cfg.d_model), Dropout(cfg.dropout), cfg.norm == "pre"
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
         if self.pre_norm:
@@ -154,7 +184,7 @@ class DecoderLayer(nn.Module):
         if cache is None:  # whole target at once: position t sees positions <= t (causal mask)
             return self.self_attn.attend(q, k, v, causal=True)
         # One new position: it sees everything cached so far, no mask needed.
-        return self.self_attn.attend_step(q, _append(cache, "k", k), _append(cache, "v", v))
+        return self.self_attn.attend(q, _append(cache, "k", k), _append(cache, "v", v))
 
     def _cross_attention(self, h: Tensor, enc: Encoded, cache: dict[str, Tensor] | None) -> Tensor:
         if cache is None:
@@ -165,7 +195,7 @@ class DecoderLayer(nn.Module):
         # encoder keys/values (B, H, S, K): nothing is copied per beam or per step.
         k, v = cache["memory_k"], cache["memory_v"]
         rows, sentences = h.shape[0], k.shape[0]
-        y = self.cross_attn.attend_step(self.cross_attn.query(h.view(sentences, rows // sentences, -1)), k, v, enc.mask)
+        y = self.cross_attn.attend(self.cross_attn.query(h.view(sentences, rows // sentences, -1)), k, v, enc.mask)
         return y.view(rows, 1, -1)
 
 
@@ -202,7 +232,7 @@ class Transformer(nn.Module):
         with torch.no_grad():
             self.embed.weight[PAD].zero_()
         self.register_buffer("positions", sinusoids(cfg.max_positions, cfg.d_model), persistent=False)
-        self.embed_dropout = nn.Dropout(cfg.dropout)
+        self.embed_dropout = Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # Pre-norm leaves the last sub-layer's output unnormalised; post-norm has normalised it already.
@@ -235,8 +265,11 @@ class Transformer(nn.Module):
     def logits(self, hidden: Tensor) -> Tensor:  # (..., D) -> (..., V), the tied output projection
         return F.linear(hidden, self.embed.weight)
 
-    def forward(self, src: Tensor, prev: Tensor) -> Tensor:  # -> (B, T, V)
-        return self.logits(self.decode(prev, self.encode(src)))
+    def forward(self, src: Tensor, prev: Tensor, keep: Tensor | None = None) -> Tensor:
+        """Teacher-forced logits (B, T, V), or (N, V) for the N positions where `keep` (B, T) is True:
+        the trainer keeps the real target positions, so padding never reaches the output projection."""
+        hidden = self.decode(prev, self.encode(src))  # (B, T, D)
+        return self.logits(hidden if keep is None else hidden[keep])
 
     # -- incremental decoding, one target position per call ---------------------------------------
 

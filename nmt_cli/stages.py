@@ -106,6 +106,8 @@ class TrainConfig:
     # Batching: the paper's batch is ~25000 target tokens per update.
     max_tokens: int = opt(4096, "token budget of one micro-batch on one device, padding included")
     tokens_per_update: int = opt(25000, "target tokens per optimizer update, summed over devices and micro-batches")
+    micro_batches_per_update: int = opt(
+        0, "micro-batches per device per update (0: derived from tokens_per_update, max_tokens and the devices)")
     # Optimisation (paper section 5.3)
     label_smoothing: float = opt(0.1, "label smoothing epsilon_ls")
     adam_betas: tuple[float, float] = opt((0.9, 0.98), "Adam beta1,beta2")

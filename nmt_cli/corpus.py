@@ -1,0 +1,155 @@
+"""The training corpus of `nmt train` and its batch plan: which examples each micro-batch, update,
+rank and epoch holds.
+
+The plan is a pure function of the data, `max_tokens` and the seed, so every rank computes the
+same plan without talking to the others, and a resumed run finds its place from two numbers: the
+epoch and how many batches of that epoch are done.
+
+- Batches: examples sorted by length and packed under `max_tokens` padded tokens (data.batch_by_size);
+  examples too long for the model or for a micro-batch are left out, counted and reported.
+- Epoch: the batches in an order drawn from (seed, epoch) (data.epoch_order).
+- Update: the next W * M batches of that order (W ranks, M micro-batches each), dealt round-robin,
+  so rank r's micro-batch i of the update is position start + i * W + r (data.shard_batches).
+  M follows from `tokens_per_update`. Every rank ends each update with one synchronised backward
+  pass (the gradient all-reduce); a rank left without batches at the end of an epoch runs one
+  zero-weight dummy micro-batch for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+
+from nmt_cli.artifacts import read_manifest
+from nmt_cli.data import Dictionary, IndexedDataset, batch_by_size, epoch_order, filter_by_size
+from nmt_cli.errors import NmtError
+from nmt_cli.stages import TrainConfig
+
+
+@dataclasses.dataclass
+class Split:
+    """One split of the corpus and its batches (token counts exclude padding, include EOS)."""
+
+    src: IndexedDataset
+    tgt: IndexedDataset
+    batches: list[np.ndarray]
+    src_tokens: np.ndarray  # (number of batches,) real source tokens per batch
+    tgt_tokens: np.ndarray  # (number of batches,) real target tokens per batch
+    skipped: int  # examples left out for being too long
+
+
+@dataclasses.dataclass
+class Corpus:
+    folder: Path
+    src_lang: str
+    tgt_lang: str
+    dictionary: Dictionary
+    spm_model: bytes
+    train: Split
+    valid: Split
+
+
+def load(cfg: TrainConfig) -> Corpus:
+    """Read the folder written by `nmt binarize` and plan the batches of train and valid."""
+    folder = Path(cfg.data)
+    manifest = read_manifest(folder, "binarize", f"nmt binarize BPE_FOLDER --out {folder}")
+    src_lang, tgt_lang = manifest["src_lang"], manifest["tgt_lang"]
+    dictionary = Dictionary.load(folder / "dict.txt")
+    if len(dictionary) != manifest.get("dict_size", len(dictionary)):
+        raise NmtError(f"{folder}/dict.txt has {len(dictionary)} symbols but {folder}/manifest.json says "
+                       f"{manifest['dict_size']}; run `nmt binarize` again")
+    spm_path = folder / "spm.model"
+    if not spm_path.is_file():
+        raise NmtError(f"{spm_path} is missing; run `nmt binarize` again (it copies the sentencepiece model)")
+    splits = {}
+    for split in ("train", "valid"):
+        src, tgt = IndexedDataset(folder / f"{split}.{src_lang}"), IndexedDataset(folder / f"{split}.{tgt_lang}")
+        if len(src) != len(tgt):
+            raise NmtError(f"{folder}/{split}.{src_lang} has {len(src)} sentences but {split}.{tgt_lang} has "
+                           f"{len(tgt)}; run `nmt binarize` again")
+        if len(src) == 0:
+            raise NmtError(f"{folder}/{split}.{src_lang} holds no sentences; nothing to {split} on")
+        splits[split] = plan_split(src, tgt, cfg.model.max_positions, cfg.max_tokens)
+    return Corpus(folder, src_lang, tgt_lang, dictionary, spm_path.read_bytes(), splits["train"], splits["valid"])
+
+
+def plan_split(src: IndexedDataset, tgt: IndexedDataset, max_positions: int, max_tokens: int) -> Split:
+    src_sizes, tgt_sizes = src.sizes.astype(np.int64) + 1, tgt.sizes.astype(np.int64) + 1  # + EOS
+    kept, skipped = filter_by_size(src_sizes, tgt_sizes, max_positions, max_tokens)
+    batches = batch_by_size(kept, src_sizes, tgt_sizes, max_tokens)
+    src_tokens = np.array([src_sizes[b].sum() for b in batches], np.int64)
+    tgt_tokens = np.array([tgt_sizes[b].sum() for b in batches], np.int64)
+    return Split(src, tgt, batches, src_tokens, tgt_tokens, len(skipped))
+
+
+def micro_batches_per_update(cfg: TrainConfig, split: Split, world_size: int) -> int:
+    """M, so that W ranks * M micro-batches hold about `tokens_per_update` real target tokens,
+    estimated from the mean target tokens of the planned batches (or --set micro_batches_per_update)."""
+    if cfg.micro_batches_per_update > 0:
+        return cfg.micro_batches_per_update
+    mean = split.tgt_tokens.mean() if len(split.batches) else 1.0
+    wanted = max(1, round(cfg.tokens_per_update / (world_size * mean)))
+    return min(wanted, math.ceil(len(split.batches) / world_size))  # an update never exceeds an epoch
+
+
+def updates_per_epoch(n_batches: int, world_size: int, micro_batches: int, start: int = 0) -> int:
+    """Updates left in an epoch whose first `start` batches are done."""
+    return math.ceil(max(n_batches - start, 0) / (world_size * micro_batches))
+
+
+def update_positions(start: int, update: int, world_size: int, micro_batches: int, n_batches: int) -> range:
+    """Positions in the epoch order of all batches of update `update` (counted from `start`)."""
+    first = start + update * world_size * micro_batches
+    return range(first, min(first + world_size * micro_batches, n_batches))
+
+
+def update_tokens(split: Split, order: np.ndarray, positions: range) -> tuple[int, int]:
+    """(source, target) real tokens of one update over all ranks: known before it runs, so the
+    loss can be normalised by the whole update's target tokens without communication."""
+    ids = order[positions.start : positions.stop]
+    return int(split.src_tokens[ids].sum()), int(split.tgt_tokens[ids].sum())
+
+
+def rank_micro_batches(split: Split, order: np.ndarray, positions: range, rank: int,
+                       world_size: int, micro_batches: int) -> list[np.ndarray | None]:
+    """This rank's micro-batches (example ids) of an update, at most M; [None] (a zero-weight dummy)
+    when the epoch has none left for it, so that its one synchronised backward pass still happens."""
+    mine = [split.batches[order[p]] for p in positions[rank::world_size]]
+    assert len(mine) <= micro_batches
+    return mine or [None]
+
+
+def order_of(split: Split, epoch: int, seed: int) -> np.ndarray:
+    return epoch_order(len(split.batches), epoch, seed)
+
+
+def describe_plan(cfg: TrainConfig, data: Corpus, per_node: int, kind: str, params: int, peak_lr: float) -> str:
+    """The dry run's report: model size, devices, batch, accumulation, learning rate, cadence, plan."""
+    split, world = data.train, per_node * cfg.nnodes
+    M = micro_batches_per_update(cfg, split, world)
+    per_epoch = updates_per_epoch(len(split.batches), world, M)
+    mean = float(split.tgt_tokens.mean())
+    saves = [f"every {cfg.save_interval_minutes:g} minutes"] if cfg.save_interval_minutes > 0 else []
+    saves += [f"every {cfg.save_interval_updates} updates"] if cfg.save_interval_updates > 0 else []
+    stops = [f"{cfg.max_update:,} updates (about {cfg.max_update / max(per_epoch, 1):,.1f} epochs)"] if cfg.max_update else []
+    stops += [f"{cfg.max_epoch} epochs ({cfg.max_epoch * per_epoch:,} updates)"] if cfg.max_epoch else []
+    stops += [f"{cfg.max_time_hours:g} hours"] if cfg.max_time_hours else []
+    units = "GPU(s)" if kind == "GPU" else f"{kind}(es)"
+    return "\n".join([
+        f"parameters: {params:,} ({cfg.arch}, vocabulary {len(data.dictionary):,})",
+        f"devices: {world} ({cfg.nnodes} node(s) x {per_node} {units})",
+        f"max_tokens per device: {cfg.max_tokens:,} (one micro-batch, padding included)",
+        f"accumulation: {M} micro-batch(es) per device per update",
+        f"tokens per update: {cfg.tokens_per_update:,} asked; about {world * M * mean:,.0f} real target tokens "
+        f"planned ({world} devices x {M} x {mean:,.0f})",
+        f"peak learning rate: {peak_lr:.3e} at update {cfg.warmup_updates} ({cfg.lr_schedule} schedule)",
+        f"checkpoints: {' and '.join(saves) or 'at the end only'}, keep the last {cfg.keep_last}, plus "
+        "checkpoint_last.pt and checkpoint_best.pt (by validation loss)",
+        f"validation: every {cfg.validate_interval_updates} updates and at every checkpoint",
+        f"data: {sum(map(len, split.batches)):,} training pairs in {len(split.batches):,} batches "
+        f"({split.skipped:,} skipped as too long); {per_epoch:,} updates per epoch",
+        "plan: " + ("stop at the first of " + ", ".join(stops) if stops else "no limit (stop it by hand)"),
+    ])

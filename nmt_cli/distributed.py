@@ -1,0 +1,206 @@
+"""Where training runs: one process, or torchrun workers joined in a process group.
+
+`nmt train` on a machine with several GPUs (or with ``--nproc N`` on a CPU) starts torchrun through
+`torch.distributed.run`, whose workers run ``python -m nmt_cli.train`` with the same settings; a
+worker sees WORLD_SIZE and LOCAL_RANK in its environment and trains instead of launching. Only
+`train` and this module touch torch.distributed; the model, data and search code never do.
+Backends: nccl between GPUs, gloo between CPU processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from nmt_cli.config import to_dict
+from nmt_cli.errors import NmtError
+from nmt_cli.stages import TrainConfig, train_base
+
+# Fields the launcher hands to torchrun itself; a worker ignores them.
+LAUNCH_FIELDS = ("gpus", "nproc", "nnodes", "node_rank", "rdzv_endpoint", "max_restarts")
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def in_worker() -> bool:
+    """True inside a process started by torchrun (which sets WORLD_SIZE and LOCAL_RANK)."""
+    return "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
+
+
+def use_cuda(cfg: TrainConfig) -> bool:
+    if cfg.nproc > 0 or cfg.device == "cpu":
+        return False
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise NmtError("--device cuda was asked for but torch sees no CUDA device; use --device cpu "
+                       "or install a CUDA build of torch")
+    return torch.cuda.is_available()
+
+
+def processes_per_node(cfg: TrainConfig, planning: bool = False) -> int:
+    """Workers to start on this machine: --nproc CPU workers, --gpus GPUs, or every visible GPU.
+
+    `planning` (the dry run) trusts --gpus without checking that the GPUs exist."""
+    if cfg.nproc > 0 and cfg.gpus > 0:
+        raise NmtError("--nproc (CPU workers) and --gpus cannot be combined; choose one")
+    if cfg.nproc > 0:
+        return cfg.nproc
+    if cfg.gpus > 0:
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not planning and visible < cfg.gpus:
+            raise NmtError(f"--gpus {cfg.gpus} was asked for but this machine has {visible} usable GPU(s); "
+                           "lower --gpus, or use --dry-run to plan for a bigger machine")
+        return cfg.gpus
+    return torch.cuda.device_count() if use_cuda(cfg) else 1
+
+
+def worker_arguments(cfg: TrainConfig) -> list[str]:
+    """The `nmt train` arguments that rebuild `cfg` in a worker: the data folder, then every field
+    that differs from the preset of cfg.arch as ``--set key=value``."""
+    base = _flatten(to_dict(train_base(cfg.arch)))
+    args = [str(cfg.data), "--save-dir", str(cfg.save_dir), "--arch", cfg.arch]
+    for key, value in _flatten(to_dict(cfg)).items():
+        if key not in ("data", "save_dir", "arch") and value != base.get(key):
+            args += ["--set", f"{key}={_cli_value(value)}"]
+    return args
+
+
+def _flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _cli_value(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def torchrun_arguments(cfg: TrainConfig, nproc_per_node: int) -> list[str]:
+    """Arguments of `torch.distributed.run` that start this node's workers."""
+    args = ["--nproc-per-node", str(nproc_per_node), "--nnodes", str(cfg.nnodes),
+            "--max-restarts", str(cfg.max_restarts)]
+    if cfg.nnodes > 1 or cfg.rdzv_endpoint:
+        if not cfg.rdzv_endpoint:
+            raise NmtError(f"--nnodes {cfg.nnodes} needs --rdzv-endpoint HOST:PORT (the machine of node 0)")
+        args += ["--node-rank", str(cfg.node_rank), "--rdzv-endpoint", cfg.rdzv_endpoint]
+    else:
+        args.append("--standalone")  # a free local port: parallel runs on one machine do not collide
+    return [*args, "-m", "nmt_cli.train", *worker_arguments(cfg)]
+
+
+def launch(cfg: TrainConfig, nproc_per_node: int) -> None:
+    """Start torchrun in this process and wait for its workers; they print their own errors."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    if cfg.threads > 0:
+        os.environ["OMP_NUM_THREADS"] = str(cfg.threads)
+    for name in ("torch.distributed.run", "torch.distributed.elastic"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)  # the workers report their own failures
+    try:
+        torchrun.run(torchrun.parse_args(torchrun_arguments(cfg, nproc_per_node)))
+    except ChildFailedError as e:
+        # exit code 2 is a user error that rank 0 has printed; torchrun then stops the other workers
+        if any(failure.exitcode == 2 for failure in e.failures.values()):
+            raise SystemExit(2) from None
+        summary = "; ".join(f"rank {rank}: exit code {f.exitcode}" for rank, f in e.failures.items())
+        raise NmtError(f"a training worker failed ({summary}); see its output above. Rerun the same "
+                       f"command to resume from {cfg.save_dir}/checkpoint_last.pt") from None
+
+
+def setup(cfg: TrainConfig) -> Context:
+    """Join the process group when run by torchrun; otherwise a single process."""
+    cuda = use_cuda(cfg)
+    if not in_worker():
+        return Context(0, 1, 0, torch.device("cuda" if cuda else "cpu"))
+    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=30),
+                                device_id=device if cuda else None)
+    return Context(rank, world, local, device)
+
+
+def teardown(ctx: Context) -> None:
+    if ctx.distributed and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def wrap(model: nn.Module, ctx: Context) -> nn.Module:
+    """DDP around the model when there are several workers (gradients averaged across them)."""
+    if not ctx.distributed:
+        return model
+    ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
+    """Backward passes inside accumulate gradients locally unless `sync` (the update's last
+    micro-batch), whose backward all-reduces the sum of them all."""
+    if sync or not isinstance(model, DistributedDataParallel):
+        yield
+    else:
+        with model.no_sync():
+            yield
+
+
+def all_reduce_sum(values: list[float], ctx: Context) -> list[float]:
+    """Element-wise sums of `values` over all workers (float64, so token counts stay exact)."""
+    if not ctx.distributed:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_gather(obj: Any, ctx: Context) -> list[Any]:
+    """Every worker's `obj`, in rank order (small objects: RNG states)."""
+    if not ctx.distributed:
+        return [obj]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast(obj: Any, ctx: Context) -> Any:
+    """Rank 0's `obj` on every worker."""
+    if not ctx.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -1,0 +1,58 @@
+"""Optimiser and learning-rate schedules (paper section 5.3), as pure functions of the update number.
+
+Update numbers count from 1: `learning_rate(cfg, u)` is the rate used by the u-th optimiser step.
+The schedule has no state of its own; a resumed run recomputes it from the saved update count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+
+from nmt_cli.stages import TrainConfig
+
+
+def paper_lr(update: int, d_model: int, warmup_updates: int, scale: float = 1.0) -> float:
+    """``scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)`` (Vaswani et al. 2017, eq. 3):
+    linear warm-up for `warmup_updates` steps, then decay with the inverse square root of the step."""
+    step = max(update, 1)
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup_updates**-1.5)
+
+
+def inverse_sqrt_lr(update: int, peak_lr: float, warmup_updates: int, warmup_init_lr: float) -> float:
+    """fairseq's ``inverse_sqrt``: linear from `warmup_init_lr` (update 0) to `peak_lr` (update =
+    warmup), then ``peak_lr * sqrt(warmup / update)``."""
+    if warmup_updates > 0 and update < warmup_updates:
+        return warmup_init_lr + (peak_lr - warmup_init_lr) * update / warmup_updates
+    return peak_lr * math.sqrt(max(warmup_updates, 1) / max(update, 1))
+
+
+def learning_rate(cfg: TrainConfig, update: int) -> float:
+    match cfg.lr_schedule:
+        case "paper":
+            return paper_lr(update, cfg.model.d_model, cfg.warmup_updates, cfg.lr_scale)
+        case "inverse_sqrt":
+            return inverse_sqrt_lr(update, cfg.lr, cfg.warmup_updates, cfg.warmup_init_lr)
+
+
+def peak_learning_rate(cfg: TrainConfig) -> float:
+    """The largest rate of the schedule, reached at the end of the warm-up."""
+    return learning_rate(cfg, max(cfg.warmup_updates, 1))
+
+
+def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
+    """Adam(beta1, beta2, eps) as in the paper; AdamW (decoupled weight decay) when weight_decay > 0."""
+    params = list(params)
+    # fused: one kernel per parameter for the whole update (10x faster than foreach on a CPU)
+    fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in params)
+    if cfg.weight_decay > 0:
+        return torch.optim.AdamW(params, lr=0.0, betas=cfg.adam_betas, eps=cfg.adam_eps,
+                                 weight_decay=cfg.weight_decay, fused=fused)
+    return torch.optim.Adam(params, lr=0.0, betas=cfg.adam_betas, eps=cfg.adam_eps, fused=fused)
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr

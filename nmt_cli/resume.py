@@ -1,0 +1,125 @@
+"""What a training checkpoint holds beyond the model, and how a run continues from one.
+
+Layout of a training checkpoint (see checkpoint.py for the file format and the model keys):
+
+    "kind": "checkpoint", "model", "model_config", "dictionary", "spm_model",
+    "meta":  {"nmt_version", "created", "arch", "src_lang", "tgt_lang", "update", "epoch", "valid_loss"},
+    "train": {"config": the resolved TrainConfig as a mapping,
+              "update", "epoch", "epoch_batches_done", "train_seconds", "best_valid_loss", "bad_updates",
+              "world_size", "micro_batches_per_update", "precision",
+              "optimizer": optimizer.state_dict(), "scaler": GradScaler.state_dict() ({} unless fp16),
+              "lr": the rate of the last step (the schedule itself is a pure function of "update"),
+              "rng": [{"torch": CPU generator state, "cuda": GPU generator state or None}, one per rank],
+              "log_sums": the running sums of the log interval in progress}
+
+Everything is tensors, numbers, strings and plain containers: it loads with weights_only=True.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from nmt_cli import __version__, checkpoint
+from nmt_cli.config import to_dict
+from nmt_cli.errors import NmtError
+
+if TYPE_CHECKING:
+    from nmt_cli.train import Trainer
+
+# Training settings whose change on resume is expected (when to stop, how to report, how to launch).
+_FREE_TO_CHANGE = {"max_update", "max_epoch", "max_time_hours", "log_interval", "tensorboard_dir", "dry_run",
+                   "save_interval_minutes", "save_interval_updates", "keep_last", "validate_interval_updates",
+                   "threads", "gpus", "nproc", "nnodes", "node_rank", "rdzv_endpoint", "max_restarts",
+                   "max_bad_updates", "min_loss_scale", "max_oom_fraction", "data", "save_dir", "model"}
+
+
+@dataclasses.dataclass
+class Counters:
+    """Where training stands; saved in every checkpoint."""
+
+    update: int = 0
+    epoch: int = 1
+    epoch_batches_done: int = 0  # batches of the epoch order already trained on (all ranks together)
+    train_seconds: float = 0.0
+    best_valid_loss: float | None = None
+    bad_updates: int = 0
+    stop_requested: bool = False
+    log_sums: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+def training_checkpoint(trainer: Trainer, rng: list[dict[str, Any]], valid_loss: float) -> dict[str, Any]:
+    """The whole state of `trainer` (rank 0) as a checkpoint mapping."""
+    c, cfg, data = trainer.counters, trainer.cfg, trainer.data
+    return {
+        "kind": "checkpoint",
+        **checkpoint.model_state(trainer.model, cfg.model, data.dictionary, data.spm_model),
+        "meta": {"nmt_version": __version__, "arch": cfg.arch, "src_lang": data.src_lang, "tgt_lang": data.tgt_lang,
+                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                 "update": c.update, "epoch": c.epoch, "valid_loss": valid_loss},
+        "train": {
+            "config": to_dict(cfg),
+            "update": c.update, "epoch": c.epoch, "epoch_batches_done": c.epoch_batches_done,
+            "train_seconds": c.train_seconds, "best_valid_loss": c.best_valid_loss, "bad_updates": c.bad_updates,
+            "world_size": trainer.ctx.world_size, "micro_batches_per_update": trainer.micro_batches,
+            "precision": trainer.precision,
+            "optimizer": trainer.optimizer.state_dict(),
+            "scaler": trainer.scaler.state_dict() if trainer.scaler.is_enabled() else {},
+            "lr": trainer.optimizer.param_groups[0]["lr"],
+            "rng": rng,
+            "log_sums": dict(c.log_sums),
+        },
+    }
+
+
+def apply_resume(trainer: Trainer, state: dict[str, Any]) -> list[str]:
+    """Load `state` into `trainer`; returns warnings (continuing, but not bit for bit). Refuses a
+    checkpoint of another model or dictionary."""
+    cfg, train = trainer.cfg, state["train"]
+    stored = state["model_config"]
+    differing = checkpoint.differing_fields(stored, dataclasses.asdict(cfg.model))
+    if differing:
+        raise NmtError(f"{cfg.save_dir} holds checkpoints of another model ({'; '.join(differing)}, checkpoint vs "
+                       "now); use the same model settings to resume, or another --save-dir for a new model")
+    if list(state["dictionary"]["symbols"]) != trainer.data.dictionary.symbols:
+        raise NmtError(f"the checkpoints in {cfg.save_dir} were trained with another dictionary than "
+                       f"{cfg.data}/dict.txt; resume with the data they were trained on, or use another --save-dir")
+    trainer.model.load_state_dict(state["model"])
+    trainer.optimizer.load_state_dict(train["optimizer"])
+    if trainer.scaler.is_enabled() and train["scaler"]:
+        trainer.scaler.load_state_dict(train["scaler"])
+    c = trainer.counters
+    c.update, c.epoch, c.epoch_batches_done = train["update"], train["epoch"], train["epoch_batches_done"]
+    c.train_seconds, c.best_valid_loss, c.bad_updates = train["train_seconds"], train["best_valid_loss"], train["bad_updates"]
+    c.log_sums = dict(train["log_sums"])
+    return _restore_rng(trainer, train["rng"]) + _changed_settings(trainer, train)
+
+
+def _restore_rng(trainer: Trainer, states: list[dict[str, Any]]) -> list[str]:
+    ctx = trainer.ctx
+    if len(states) != ctx.world_size:
+        return [f"the checkpoint was written by {len(states)} worker(s), now there are {ctx.world_size}: "
+                "training continues, but not bit for bit as it would have (dropout and batch shares differ)"]
+    mine = states[ctx.rank]
+    torch.set_rng_state(mine["torch"])
+    if ctx.device.type == "cuda" and mine["cuda"] is not None:
+        torch.cuda.set_rng_state(mine["cuda"], ctx.device)
+    return []
+
+
+def _changed_settings(trainer: Trainer, train: dict[str, Any]) -> list[str]:
+    now, before = to_dict(trainer.cfg), train["config"]
+    changed = [f for f in checkpoint.differing_fields(before, now) if f.split(":")[0] not in _FREE_TO_CHANGE]
+    notes = []
+    if changed:
+        notes.append("training settings changed since the checkpoint (" + "; ".join(changed) + "): "
+                     "the run continues with the new ones")
+    if train["micro_batches_per_update"] != trainer.micro_batches and train["world_size"] == trainer.ctx.world_size:
+        notes.append(f"micro-batches per update changed from {train['micro_batches_per_update']} to "
+                     f"{trainer.micro_batches}: training continues, but not bit for bit")
+    if train["precision"] != trainer.precision:
+        notes.append(f"precision changed from {train['precision']} to {trainer.precision}")
+    return notes

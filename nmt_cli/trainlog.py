@@ -1,0 +1,104 @@
+"""What `nmt train` reports, on rank 0 only: a rich progress bar on a terminal (update, loss, lr,
+tokens/s, ETA), plain ``key=value`` lines otherwise, and the same numbers as one JSON object per
+line in ``SAVE_DIR/train.jsonl`` (``"kind": "train"`` per log interval, ``"kind": "valid"`` per
+validation), optionally mirrored to TensorBoard.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from nmt_cli.artifacts import atomic_write_text
+from nmt_cli.errors import NmtError
+
+JSONL = "train.jsonl"
+
+
+class TrainLog:
+    def __init__(self, save_dir: Path, enabled: bool, tensorboard_dir: Path | None = None) -> None:
+        self.enabled, self.path = enabled, Path(save_dir) / JSONL
+        self.console = Console(stderr=True, soft_wrap=True, highlight=False)
+        self.progress: Progress | None = None
+        self.task = None
+        self.tensorboard = _tensorboard(tensorboard_dir) if enabled and tensorboard_dir else None
+
+    def start(self, first_update: int, last_update: int | None) -> None:
+        """Show the progress bar (terminals only) from `first_update` towards `last_update`."""
+        if not (self.enabled and self.console.is_terminal):
+            return
+        self.progress = Progress(
+            TextColumn("update"), MofNCompleteColumn(), BarColumn(),
+            TextColumn("loss {task.fields[loss]}  lr {task.fields[lr]}  {task.fields[speed]} tok/s"),
+            TimeRemainingColumn(), console=self.console, transient=True)
+        self.task = self.progress.add_task("train", total=last_update, completed=first_update,
+                                           loss="-", lr="-", speed="-")
+        self.progress.start()
+
+    def step(self, update: int, loss: float, lr: float, tokens_per_second: float) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=update, loss=f"{loss:.3f}", lr=f"{lr:.2e}",
+                                 speed=f"{tokens_per_second:,.0f}")
+
+    def record(self, fields: dict[str, Any]) -> None:
+        """One JSON line in train.jsonl and one ``key=value`` line in the log."""
+        if not self.enabled:
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(fields) + "\n")
+        self.info(" ".join(f"{k}={_show(v)}" for k, v in fields.items()))
+        if self.tensorboard is not None:
+            prefix = fields.get("kind", "train")
+            for key, value in fields.items():
+                if isinstance(value, (int, float)) and key not in ("update", "kind"):
+                    self.tensorboard.add_scalar(f"{prefix}/{key}", value, fields["update"])
+
+    def info(self, text: str) -> None:
+        if self.enabled:
+            self.console.print(text, markup=False)
+
+    def warn(self, text: str) -> None:
+        if self.enabled:
+            self.console.print(f"[yellow]warning:[/] {text}", soft_wrap=True)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+
+def truncate_after(path: Path, update: int) -> None:
+    """Drop the records of updates after `update` (they are trained again after a resume)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line).get("update", 0) <= update:
+                kept.append(line)
+        except json.JSONDecodeError:  # a line cut short by a crash
+            continue
+    atomic_write_text(path, "".join(f"{line}\n" for line in kept))
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, float):
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e6) and math.isfinite(value):
+            return f"{value:.3e}"
+        return f"{value:.4g}" if abs(value) < 100 else f"{value:.1f}"
+    return str(value)
+
+
+def _tensorboard(folder: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise NmtError("--tensorboard-dir needs the tensorboard package: pip install 'nmt-cli[tensorboard]'") from None
+    return SummaryWriter(str(folder))

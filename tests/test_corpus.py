@@ -1,0 +1,104 @@
+"""The batch plan: token budgets, skipped examples, rank shares, accumulation and dummies."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nmt_cli import corpus
+from nmt_cli.data import BOS, EOS, PAD, IndexedDataset, batch_by_size, collate, filter_by_size, shard_batches
+from nmt_cli.stages import train_base
+from synthetic_binarized import SRC, TGT, build
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("bin") / "bin", train=400, valid=40, long_examples=3)
+
+
+def _cfg(data_dir: Path, **changes: object):
+    cfg = dataclasses.replace(train_base("transformer_tiny"), data=data_dir, save_dir=Path("unused"), **changes)
+    cfg.model.max_positions = 64
+    return cfg
+
+
+def test_batches_fit_the_budget_with_padding_and_hold_every_example_once() -> None:
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(1, 60, 500), rng.integers(1, 60, 500)
+    kept, skipped = filter_by_size(src, tgt, max_positions=50, max_tokens=400)
+    assert set(skipped) == set(np.flatnonzero(np.maximum(src, tgt) > 50))
+    batches = batch_by_size(kept, src, tgt, max_tokens=400)
+    for b in batches:
+        assert len(b) * max(src[b].max(), tgt[b].max()) <= 400
+    assert sorted(np.concatenate(batches).tolist()) == sorted(kept.tolist())
+
+
+def test_rank_shares_are_disjoint_and_complete() -> None:
+    batches = [np.array([i]) for i in range(23)]
+    for world in (1, 2, 3, 8):
+        shares = [shard_batches(batches, epoch=2, seed=5, rank=r, world_size=world) for r in range(world)]
+        seen = [int(b[0]) for share in shares for b in share]
+        assert sorted(seen) == list(range(23))
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1
+    one = [int(b[0]) for b in shard_batches(batches, 1, 5, 0, 1)]
+    assert one != [int(b[0]) for b in shard_batches(batches, 2, 5, 0, 1)], "each epoch has its own order"
+    assert one == [int(b[0]) for b in shard_batches(batches, 1, 5, 0, 1)], "the order is drawn from the seed"
+
+
+def test_updates_deal_the_epoch_like_shard_batches_with_dummies_at_the_end(data_dir: Path) -> None:
+    data = corpus.load(_cfg(data_dir, max_tokens=64))
+    split, world, M = data.train, 3, 2
+    n = len(split.batches)
+    order = corpus.order_of(split, 1, seed=1)
+    per_rank: list[list] = [[] for _ in range(world)]
+    for u in range(corpus.updates_per_epoch(n, world, M)):
+        positions = corpus.update_positions(0, u, world, M, n)
+        src_tokens, tgt_tokens = corpus.update_tokens(split, order, positions)
+        micro = [corpus.rank_micro_batches(split, order, positions, r, world, M) for r in range(world)]
+        assert all(1 <= len(m) <= M for m in micro), "one synchronised backward pass per rank, at least"
+        assert all(all(b is not None for b in m) or (len(m) == 1 and m[0] is None) for m in micro), \
+            "a dummy only where a rank has nothing"
+        real = [b for m in micro for b in m if b is not None]
+        assert tgt_tokens == sum(int(split.tgt.sizes[b].sum()) + len(b) for b in real)
+        for r in range(world):
+            per_rank[r] += [b for b in micro[r] if b is not None]
+    for r in range(world):
+        want = shard_batches(split.batches, 1, 1, r, world)
+        assert [b.tolist() for b in per_rank[r]] == [b.tolist() for b in want]
+    assert n % (world * M) != 0, "the test data should end an epoch with a short update"
+
+
+def test_long_examples_are_skipped_and_counted(data_dir: Path) -> None:
+    data = corpus.load(_cfg(data_dir))
+    assert data.train.skipped == 3  # the three 300-piece pairs do not fit max_positions=64
+    assert sum(map(len, data.train.batches)) == len(data.train.src) - 3
+
+
+def test_accumulation_follows_tokens_per_update_and_devices(data_dir: Path) -> None:
+    cfg = _cfg(data_dir, max_tokens=128)
+    split = corpus.load(cfg).train
+    mean = split.tgt_tokens.mean()
+    cfg.tokens_per_update = int(8 * mean)
+    assert corpus.micro_batches_per_update(cfg, split, 1) == 8
+    assert corpus.micro_batches_per_update(cfg, split, 2) == 4
+    assert corpus.micro_batches_per_update(cfg, split, 16) == 1
+    cfg.tokens_per_update = 10**9  # more than the epoch holds: one update = the whole epoch
+    assert corpus.micro_batches_per_update(cfg, split, 2) == math.ceil(len(split.batches) / 2)
+    cfg.micro_batches_per_update = 3
+    assert corpus.micro_batches_per_update(cfg, split, 2) == 3
+
+
+def test_collate_places_bos_eos_and_padding(data_dir: Path) -> None:
+    src, tgt = IndexedDataset(data_dir / f"valid.{SRC}"), IndexedDataset(data_dir / f"valid.{TGT}")
+    ids = np.array([0, 5, 9])
+    batch = collate(src, tgt, ids)
+    for b, i in enumerate(ids):
+        s, t = src[i].tolist(), tgt[i].tolist()
+        assert batch["src"][b].tolist() == [*s, EOS] + [PAD] * (batch["src"].shape[1] - len(s) - 1)
+        assert batch["prev"][b, : len(t) + 1].tolist() == [BOS, *t]
+        assert batch["target"][b, : len(t) + 1].tolist() == [*t, EOS]
+        assert (batch["target"][b, len(t) + 1 :] == PAD).all()

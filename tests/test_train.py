@@ -1,0 +1,198 @@
+"""`nmt train` end to end on the CPU: outputs, exact resume, crashes during saves, torchrun with gloo.
+
+Every run drives the real command line on a synthetic binarized folder (tests/synthetic_binarized.py)
+with a model small enough to train a few updates in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import assert_user_error, nmt
+from nmt_cli import checkpoint
+from nmt_cli.config import read_yaml
+from nmt_cli.model import Transformer
+from nmt_cli.stages import ModelConfig
+from synthetic_binarized import build
+
+pytestmark = pytest.mark.slow  # each test trains a small model through the real command line
+
+SMALL = ["--arch", "transformer_tiny", "--precision", "fp32", "--max-tokens", "256",
+         "--save-interval-minutes", "0", "--set", "model.d_model=32", "--set", "model.d_ff=64",
+         "--set", "model.heads=2", "--set", "threads=1", "--set", "log_interval=1"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("train") / "bin", train=150, valid=30, long_examples=2)  # ids 150, 151
+
+
+def _records(save_dir: Path, kind: str = "train") -> list[dict]:
+    lines = (save_dir / "train.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def test_dry_run_prints_the_plan_without_training(data_dir: Path, tmp_path: Path) -> None:
+    out = nmt("train", data_dir, "--save-dir", tmp_path / "run", *SMALL, "--dry-run").stdout
+    for needle in ("parameters:", "devices: 1", "max_tokens per device: 256", "accumulation:", "tokens per update:",
+                   "peak learning rate:", "checkpoints:", "plan: stop at the first of 100,000 updates"):
+        assert needle in out, out
+    assert not (tmp_path / "run").exists()
+    big = nmt("train", data_dir, "--save-dir", tmp_path / "run", "--arch", "transformer_big", "--gpus", "8",
+              "--dry-run").stdout
+    assert "devices: 8 (1 node(s) x 8 GPU(s))" in big and "parameters: " in big
+    assert "peak learning rate: 4.941e-04" in big  # 1024^-0.5 * 4000^-0.5
+
+
+def test_training_writes_checkpoints_log_and_config(data_dir: Path, tmp_path: Path) -> None:
+    save = tmp_path / "run"
+    proc = nmt("train", data_dir, "--save-dir", save, *SMALL, "--max-update", "6", "--save-interval-updates", "2",
+               "--keep-last", "2")
+    assert "skipped 2 of 152 training examples longer than 256 tokens" in proc.stderr
+    names = sorted(p.name for p in save.glob("checkpoint*.pt"))
+    assert names == ["checkpoint_4.pt", "checkpoint_6.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
+    state = checkpoint.load(save / "checkpoint_last.pt")  # torch.load(weights_only=True) + checksum
+    assert state["kind"] == "checkpoint" and state["train"]["update"] == 6
+    for key in ("model", "model_config", "dictionary", "spm_model", "meta", "train"):
+        assert key in state
+    for key in ("optimizer", "scaler", "rng", "epoch", "epoch_batches_done", "config", "best_valid_loss"):
+        assert key in state["train"]
+    assert state["model_config"]["d_model"] == 32 and state["spm_model"] == (data_dir / "spm.model").read_bytes()
+    train, valid = _records(save), _records(save, "valid")
+    assert [r["update"] for r in train] == [1, 2, 3, 4, 5, 6]
+    for field in ("update", "epoch", "loss", "nll", "ppl", "lr", "gnorm", "src_tokens", "tgt_tokens",
+                  "tokens_per_second", "wall_seconds"):
+        assert field in train[0]
+    assert [r["update"] for r in valid] == [2, 4, 6] and all("ppl" in r for r in valid)
+    config = read_yaml(save / "config.yaml")
+    assert config["max_update"] == 6 and config["model"]["d_model"] == 32
+
+
+def test_resume_continues_exactly(data_dir: Path, tmp_path: Path) -> None:
+    """8 updates straight vs 4, stop, the same command to 8: identical losses and weights (fp32, dropout on)."""
+    args = [*SMALL, "--save-interval-updates", "3"]  # a checkpoint mid-run too, and an epoch ends inside
+    nmt("train", data_dir, "--save-dir", tmp_path / "straight", *args, "--max-update", "8")
+    nmt("train", data_dir, "--save-dir", tmp_path / "resumed", *args, "--max-update", "4")
+    second = nmt("train", data_dir, "--save-dir", tmp_path / "resumed", *args, "--max-update", "8")
+    assert "resuming from" in second.stderr and "at update 4" in second.stderr
+    straight, resumed = _records(tmp_path / "straight"), _records(tmp_path / "resumed")
+    assert [r["update"] for r in resumed] == list(range(1, 9))
+    assert len({r["epoch"] for r in straight}) > 1, "the run should cross an epoch boundary"
+    for a, b in zip(straight, resumed, strict=True):
+        assert (a["loss"], a["nll"], a["gnorm"], a["lr"], a["tgt_tokens"]) == (b["loss"], b["nll"], b["gnorm"], b["lr"], b["tgt_tokens"])
+    a, b = (checkpoint.load(d / "checkpoint_last.pt") for d in (tmp_path / "straight", tmp_path / "resumed"))
+    assert a["model_config"]["dropout"] > 0
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+
+    other = nmt("train", data_dir, "--save-dir", tmp_path / "resumed", *args, "--set", "model.d_ff=128",
+                "--max-update", "10", check=False)
+    assert_user_error(other, "d_ff: 64 vs 128", "another model")
+
+
+def test_kill_during_a_checkpoint_write_leaves_the_previous_one(data_dir: Path, tmp_path: Path) -> None:
+    save = tmp_path / "run"
+    cmd = [sys.executable, "-m", "nmt_cli", "train", str(data_dir), "--save-dir", str(save), *SMALL,
+           "--save-interval-updates", "2", "--max-update", "8"]
+    env = {**os.environ, "NMT_TEST_SAVE_PAUSE_SECONDS": "3"}  # each save sleeps before its rename
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(save.glob(".checkpoint_4.pt.*.tmp")):  # inside the second save, before its rename
+            assert proc.poll() is None and time.monotonic() < deadline, "training ended before its second save"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert not (save / "checkpoint_4.pt").exists()
+    assert checkpoint.load(save / "checkpoint_last.pt")["train"]["update"] == 2
+    again = nmt("train", data_dir, "--save-dir", save, *SMALL, "--save-interval-updates", "2", "--max-update", "6")
+    assert "at update 2" in again.stderr and "interrupted" in again.stderr
+    assert [r["update"] for r in _records(save)] == [1, 2, 3, 4, 5, 6]
+    assert not list(save.glob(".*.tmp"))
+
+
+def test_corrupt_last_checkpoint_falls_back_to_an_intact_one(data_dir: Path, tmp_path: Path) -> None:
+    save = tmp_path / "run"
+    args = [*SMALL, "--save-interval-updates", "2"]
+    nmt("train", data_dir, "--save-dir", save, *args, "--max-update", "4")
+    with open(save / "checkpoint_last.pt", "r+b") as f:  # damage in place: checkpoint_4.pt shares the bytes
+        f.seek(2000)
+        f.write(b"\xff" * 64)
+    again = nmt("train", data_dir, "--save-dir", save, *args, "--max-update", "6")
+    warnings = [line for line in again.stderr.splitlines() if line.startswith("warning:")]
+    assert any("checkpoint_last.pt is" in w and "corrupt" in w for w in warnings), again.stderr
+    assert any("checkpoint_4.pt is" in w and "corrupt" in w for w in warnings), again.stderr
+    assert "resuming from" in again.stderr and "checkpoint_2.pt at update 2" in again.stderr
+
+    for path in save.glob("checkpoint*.pt"):
+        path.write_bytes(b"garbage")
+    refused = nmt("train", data_dir, "--save-dir", save, *args, "--max-update", "8", check=False)
+    assert_user_error(refused, "none can be resumed", "checkpoint_last.pt")
+
+
+def test_two_gloo_workers_equal_one_worker_with_twice_the_accumulation(data_dir: Path, tmp_path: Path) -> None:
+    """Same updates from the same examples: 2 ranks x 1 micro-batch vs 1 rank x 2 micro-batches.
+    Gradients meet through gloo's all-reduce instead of local accumulation, so the weights are held
+    to 1e-5 (absolute and relative); with two ranks they have come out bit-identical."""
+    args = [*SMALL, "--set", "model.dropout=0", "--max-update", "0", "--max-epoch", "1",
+            "--set", "lr_schedule=inverse_sqrt", "--set", "lr=1e-3", "--set", "warmup_updates=0"]
+    logs = {name: tmp_path / f"ids-{name}" for name in ("two", "one")}
+    for folder in logs.values():
+        folder.mkdir()
+    nmt("train", data_dir, "--save-dir", tmp_path / "two", *args, "--nproc", "2",
+        "--set", "micro_batches_per_update=1", env={"NMT_TEST_EXAMPLE_LOG": str(logs["two"])})
+    nmt("train", data_dir, "--save-dir", tmp_path / "one", *args, "--set", "micro_batches_per_update=2",
+        env={"NMT_TEST_EXAMPLE_LOG": str(logs["one"])})
+    two, one = (checkpoint.load(tmp_path / d / "checkpoint_last.pt") for d in ("two", "one"))
+    assert two["train"]["world_size"] == 2 and len(two["train"]["rng"]) == 2
+    assert two["train"]["update"] == one["train"]["update"] > 2
+    for name, tensor in one["model"].items():
+        torch.testing.assert_close(two["model"][name], tensor, atol=1e-5, rtol=1e-5)
+    torch.manual_seed(1)  # the default seed: the trainer's initial weights
+    initial = Transformer(ModelConfig(**one["model_config"]), len(one["dictionary"]["symbols"])).state_dict()
+    moved = max((initial[n] - t).abs().max().item() for n, t in one["model"].items())
+    assert moved > 1e-3, "training should move the weights far beyond the tolerance"
+
+    ranks = [_example_ids(logs["two"] / f"examples.rank{r}.txt") for r in (0, 1)]
+    assert ranks[0] and ranks[1] and not ranks[0] & ranks[1]
+    assert ranks[0] | ranks[1] == _example_ids(logs["one"] / "examples.rank0.txt") == set(range(150))  # 2 too long
+
+    mismatch = nmt("train", data_dir, "--save-dir", tmp_path / "two", *args, "--nproc", "2",
+                   "--set", "model.d_ff=128", "--max-epoch", "2", check=False)
+    assert_user_error(mismatch, "d_ff: 64 vs 128")
+
+
+def _example_ids(path: Path) -> set[int]:
+    ids: list[int] = []
+    for line in path.read_text().splitlines():
+        ids += map(int, line.split()[2:])
+    assert len(ids) == len(set(ids)), f"{path}: an example was trained on twice in one epoch"
+    return set(ids)
+
+
+def test_validation_bleu_is_refused_until_it_exists(data_dir: Path, tmp_path: Path) -> None:
+    proc = nmt("train", data_dir, "--save-dir", tmp_path / "run", *SMALL, "--valid-bleu", check=False)
+    assert_user_error(proc, "not available yet")
+
+
+def test_time_limits_save_by_the_clock_and_stop(data_dir: Path, tmp_path: Path) -> None:
+    """No update or epoch limit: the clock saves every 0.6 s and stops the run after 3.6 s."""
+    save = tmp_path / "run"
+    nmt("train", data_dir, "--save-dir", save, *SMALL, "--max-update", "0", "--max-epoch", "0",
+        "--max-time-hours", "0.001", "--save-interval-minutes", "0.01", "--keep-last", "100")
+    state = checkpoint.load(save / "checkpoint_last.pt")
+    assert state["train"]["train_seconds"] >= 3.6
+    assert len(checkpoint.numbered_checkpoints(save)) >= 2, "the clock should have saved before the end"
+    again = nmt("train", data_dir, "--save-dir", save, *SMALL, "--max-update", "0", "--max-epoch", "0",
+                "--max-time-hours", "0.001", "--save-interval-minutes", "0.01", "--keep-last", "100")
+    assert "nothing to do" in again.stderr  # the time limit counts training time across restarts
