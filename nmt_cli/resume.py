@@ -5,7 +5,8 @@ Layout of a training checkpoint (see checkpoint.py for the file format and the m
     "kind": "checkpoint", "model", "model_config", "dictionary", "spm_model",
     "meta":  {"nmt_version", "created", "arch", "src_lang", "tgt_lang", "update", "epoch", "valid_loss"},
     "train": {"config": the resolved TrainConfig as a mapping,
-              "update", "epoch", "epoch_batches_done", "train_seconds", "best_valid_loss", "bad_updates",
+              "update", "epoch", "epoch_batches_done", "train_seconds", "best_valid_loss", "best_valid_bleu",
+              "bad_updates",
               "world_size", "micro_batches_per_update", "precision",
               "optimizer": optimizer.state_dict(), "scaler": GradScaler.state_dict() ({} unless fp16),
               "lr": the rate of the last step (the schedule itself is a pure function of "update"),
@@ -34,7 +35,8 @@ if TYPE_CHECKING:
 _FREE_TO_CHANGE = {"max_update", "max_epoch", "max_time_hours", "log_interval", "tensorboard_dir", "dry_run",
                    "save_interval_minutes", "save_interval_updates", "keep_last", "validate_interval_updates",
                    "threads", "gpus", "nproc", "nnodes", "node_rank", "rdzv_endpoint", "max_restarts",
-                   "max_bad_updates", "min_loss_scale", "max_oom_fraction", "data", "save_dir", "model"}
+                   "max_bad_updates", "min_loss_scale", "max_oom_fraction", "data", "save_dir", "model",
+                   "valid_bleu", "valid_bleu_sentences", "valid_bleu_beam", "best_metric"}
 
 
 @dataclasses.dataclass
@@ -46,6 +48,8 @@ class Counters:
     epoch_batches_done: int = 0  # batches of the epoch order already trained on (all ranks together)
     train_seconds: float = 0.0
     best_valid_loss: float | None = None
+    best_valid_bleu: float | None = None
+    valid_loss: float | None = None  # of the last validation
     bad_updates: int = 0
     stop_requested: bool = False
     log_sums: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -63,7 +67,8 @@ def training_checkpoint(trainer: Trainer, rng: list[dict[str, Any]], valid_loss:
         "train": {
             "config": to_dict(cfg),
             "update": c.update, "epoch": c.epoch, "epoch_batches_done": c.epoch_batches_done,
-            "train_seconds": c.train_seconds, "best_valid_loss": c.best_valid_loss, "bad_updates": c.bad_updates,
+            "train_seconds": c.train_seconds, "best_valid_loss": c.best_valid_loss,
+            "best_valid_bleu": c.best_valid_bleu, "bad_updates": c.bad_updates,
             "world_size": trainer.ctx.world_size, "micro_batches_per_update": trainer.micro_batches,
             "precision": trainer.precision,
             "optimizer": trainer.optimizer.state_dict(),
@@ -94,6 +99,7 @@ def apply_resume(trainer: Trainer, state: dict[str, Any]) -> list[str]:
     c = trainer.counters
     c.update, c.epoch, c.epoch_batches_done = train["update"], train["epoch"], train["epoch_batches_done"]
     c.train_seconds, c.best_valid_loss, c.bad_updates = train["train_seconds"], train["best_valid_loss"], train["bad_updates"]
+    c.best_valid_bleu = train.get("best_valid_bleu")
     c.log_sums = dict(train["log_sums"])
     return _restore_rng(trainer, train["rng"]) + _changed_settings(trainer, train)
 

@@ -27,19 +27,18 @@ from nmt_cli import checkpoint, corpus, distributed
 from nmt_cli import optim as optim_lib
 from nmt_cli.artifacts import atomic_write_text
 from nmt_cli.config import dump_yaml
-from nmt_cli.data import PAD, collate
+from nmt_cli.data import EOS, PAD, collate
 from nmt_cli.errors import NmtError
 from nmt_cli.loss import label_smoothed_nll, per_token
 from nmt_cli.model import Transformer
 from nmt_cli.resume import Counters, apply_resume, training_checkpoint
-from nmt_cli.stages import TrainConfig
+from nmt_cli.stages import TrainConfig, TranslateConfig
 from nmt_cli.trainlog import JSONL, TrainLog, truncate_after
 
 
 def run(cfg: TrainConfig) -> None:
-    if cfg.valid_bleu or cfg.best_metric == "bleu":
-        raise NmtError("validation BLEU (valid_bleu=true, best_metric=bleu) is not available yet: it needs "
-                       "beam search; train with validation loss (the default) and score with `nmt translate`")
+    if cfg.best_metric == "bleu" and not cfg.valid_bleu:
+        raise NmtError("best_metric=bleu needs validation BLEU: add --valid-bleu")
     if cfg.dry_run:
         return print_plan(cfg)
     if distributed.in_worker():
@@ -289,9 +288,10 @@ class Trainer:
     # -- validation and checkpoints ----------------------------------------------------------------
 
     @torch.no_grad()
-    def _validate(self) -> float:
-        """Loss and perplexity on the valid split (each rank takes a share of its batches)."""
-        split, ctx = self.data.valid, self.ctx
+    def _validate(self) -> bool:
+        """Loss and perplexity on the valid split (each rank takes a share of its batches), and BLEU
+        when asked for; True when this is the best model so far by `best_metric`."""
+        split, ctx, c = self.data.valid, self.ctx, self.counters
         self.model.eval()
         sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)
         for ids in split.batches[ctx.rank :: ctx.world_size]:
@@ -300,30 +300,34 @@ class Trainer:
             with self.autocast():
                 loss, nll = micro_batch_loss(self.model, batch, self.cfg.label_smoothing)
             sums += torch.stack([loss.double(), nll.double(), (batch["target"] != PAD).sum().double()])
+        bleu = validation_bleu(self.model, self.data, self.cfg, ctx)
         self.model.train()
         loss_sum, nll_sum, tokens = distributed.all_reduce_sum(sums.tolist(), ctx)
         loss, nll = per_token(loss_sum, int(tokens)), per_token(nll_sum, int(tokens))
-        c = self.counters
-        best = c.best_valid_loss is None or loss < c.best_valid_loss
-        c.best_valid_loss = loss if best else c.best_valid_loss
-        bleu = validation_bleu(self.model, self.data, self.cfg)
+        if self.cfg.best_metric == "bleu":
+            best = bleu is not None and (c.best_valid_bleu is None or bleu > c.best_valid_bleu)
+        else:
+            best = c.best_valid_loss is None or loss < c.best_valid_loss
+        c.best_valid_loss = loss if c.best_valid_loss is None else min(loss, c.best_valid_loss)
+        if bleu is not None:
+            c.best_valid_bleu = bleu if c.best_valid_bleu is None else max(bleu, c.best_valid_bleu)
+        c.valid_loss = loss
         self.log.record({"kind": "valid", "update": c.update, "epoch": c.epoch, "loss": round(loss, 6),
                          "nll": round(nll, 6), "ppl": round(math.exp(min(nll, 50.0)), 4), "tgt_tokens": int(tokens),
-                         "best_loss": round(c.best_valid_loss, 6), **({"bleu": bleu} if bleu is not None else {}),
+                         "best_loss": round(c.best_valid_loss, 6),
+                         **({"bleu": bleu, "best_bleu": c.best_valid_bleu} if bleu is not None else {}),
                          "wall_seconds": round(c.train_seconds, 3)})
-        return loss
+        return best
 
     def _save(self) -> None:
         c = self.counters
         if c.update == self.saved_update:
             return
-        previous_best = c.best_valid_loss
-        loss = self._validate()
-        best = previous_best is None or loss < previous_best
+        best = self._validate()
         c.log_sums = self.interval.sums()
         rng = distributed.all_gather(_rng_state(self.ctx.device), self.ctx)
         if self.ctx.is_main:
-            state = training_checkpoint(self, rng, loss)
+            state = training_checkpoint(self, rng, c.valid_loss)
             path = checkpoint.save_training(Path(self.cfg.save_dir), c.update, state, best, self.cfg.keep_last)
             self.log.info(f"saved {path}" + (" (best so far)" if best else ""))
         self.saved_update, self.last_save = c.update, time.monotonic()
@@ -339,10 +343,31 @@ def print_plan(cfg: TrainConfig) -> None:
     print(corpus.describe_plan(cfg, data, per_node, kind, params, optim_lib.peak_learning_rate(cfg)))
 
 
-def validation_bleu(model: Transformer, data: corpus.Corpus, cfg: TrainConfig) -> float | None:
-    """The hook for BLEU on the valid split at validation time. Not available yet: `run` refuses
-    valid_bleu=true, so this returns None until beam search exists."""
-    return None
+def validation_bleu(model: Transformer, data: corpus.Corpus, cfg: TrainConfig,
+                    ctx: distributed.Context) -> float | None:
+    """sacreBLEU of the model's translations of the valid split (its first `valid_bleu_sentences`),
+    searched with beam `valid_bleu_beam`, each rank translating a share. The references are the valid
+    targets decoded from their pieces, so they carry sentencepiece's normalisation: a number to
+    watch during training, close to but not the score `nmt score` gives against the raw text."""
+    if not cfg.valid_bleu:
+        return None
+    import sacrebleu
+    import sentencepiece as spm
+
+    from nmt_cli.search import translate_ids
+
+    split, dictionary = data.valid, data.dictionary
+    count = len(split.src) if cfg.valid_bleu_sentences <= 0 else min(cfg.valid_bleu_sentences, len(split.src))
+    ids = [i for i in range(count) if split.src.sizes[i] < cfg.model.max_positions]  # + EOS must fit
+    mine = ids[ctx.rank :: ctx.world_size]
+    search = TranslateConfig(model=None, beam=cfg.valid_bleu_beam, nbest=1)
+    found = translate_ids(model, [[*split.src[i].tolist(), EOS] for i in mine], search)
+    sp = spm.SentencePieceProcessor(model_proto=data.spm_model)
+    text = {i: sp.decode(dictionary.decode(h[0].tokens)) for i, h in zip(mine, found, strict=True)}
+    for share in distributed.all_gather(text, ctx):
+        text.update(share)
+    references = [sp.decode(dictionary.decode(split.tgt[i].tolist())) for i in ids]
+    return round(sacrebleu.corpus_bleu([text[i] for i in ids], [references]).score, 4)
 
 
 def _rng_state(device: torch.device) -> dict[str, Tensor | None]:

@@ -180,9 +180,36 @@ def _example_ids(path: Path) -> set[int]:
     return set(ids)
 
 
-def test_validation_bleu_is_refused_until_it_exists(data_dir: Path, tmp_path: Path) -> None:
-    proc = nmt("train", data_dir, "--save-dir", tmp_path / "run", *SMALL, "--valid-bleu", check=False)
-    assert_user_error(proc, "not available yet")
+def test_validation_bleu_is_what_the_saved_model_translates(data_dir: Path, tmp_path: Path) -> None:
+    """Two gloo workers each translate a share of the valid split; the logged BLEU equals greedy search
+    with the checkpoint saved at that update, scored by sacreBLEU here; checkpoint_best has the best BLEU."""
+    import sacrebleu
+    import sentencepiece as spm
+
+    from nmt_cli.data import EOS, IndexedDataset
+    from nmt_cli.search import translate_ids
+    from nmt_cli.stages import TranslateConfig
+
+    save = tmp_path / "run"
+    nmt("train", data_dir, "--save-dir", save, *SMALL, "--nproc", "2", "--max-update", "6",
+        "--save-interval-updates", "3", "--valid-bleu", "--set", "valid_bleu_sentences=20",
+        "--set", "best_metric=bleu", "--set", "validate_interval_updates=0")
+    valid = {r["update"]: r for r in _records(save, "valid")}
+    assert set(valid) == {3, 6} and all("bleu" in r for r in valid.values())
+    model, dictionary, sp_bytes = checkpoint.load_model(save / "checkpoint_6.pt")
+    sp = spm.SentencePieceProcessor(model_proto=sp_bytes)
+    src, tgt = IndexedDataset(data_dir / "valid.xx"), IndexedDataset(data_dir / "valid.yy")
+    found = translate_ids(model, [[*src[i].tolist(), EOS] for i in range(20)], TranslateConfig(model=None, beam=1))
+    hyps = [sp.decode(dictionary.decode(h[0].tokens)) for h in found]
+    refs = [sp.decode(dictionary.decode(tgt[i].tolist())) for i in range(20)]
+    assert valid[6]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=5.1e-5)  # logged to 4 places
+    best_update = checkpoint.load(save / "checkpoint_best.pt")["meta"]["update"]
+    assert valid[best_update]["bleu"] == max(r["bleu"] for r in valid.values())
+
+
+def test_best_by_bleu_needs_validation_bleu(data_dir: Path, tmp_path: Path) -> None:
+    proc = nmt("train", data_dir, "--save-dir", tmp_path / "run", *SMALL, "--set", "best_metric=bleu", check=False)
+    assert_user_error(proc, "--valid-bleu")
 
 
 def test_time_limits_save_by_the_clock_and_stop(data_dir: Path, tmp_path: Path) -> None:
