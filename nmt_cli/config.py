@@ -46,6 +46,8 @@ def help_of(cls: type, name: str) -> str:
     if field.metadata.get("required"):
         return text
     default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+    if default is None:  # "not set": the help text says what happens then
+        return text
     return f"{text} \\[default: {_show(default)}]"  # escaped: Typer renders help as rich markup
 
 

@@ -106,8 +106,9 @@ def multi30k_bin(multi30k_bpe: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------
-# Model files for the inference tests (average, translate, search). `tiny_trained_model` stands in
-# for the output of `nmt train` until that stage is merged; switch it to a real `nmt train` run then.
+# Model files for the inference tests (average, translate, search): small models made in-process in
+# seconds, for properties of the search that need a model emitting EOS sensibly. The real `nmt train`
+# output goes through average/translate/score in test_pipeline.py.
 
 TOY_WORDS = ["red", "green", "blue", "black", "white", "small", "large", "old", "new", "fast", "slow", "cat",
              "dog", "bird", "fish", "house", "tree", "river", "stone", "cloud", "sings", "runs", "sleeps", "eats",
@@ -155,7 +156,7 @@ def save_model_file(path: Path, model, dictionary, spm_bytes: bytes, update: int
 @pytest.fixture(scope="session")
 def tiny_trained_model(tmp_path_factory: pytest.TempPathFactory, toy_spm) -> Path:
     """A model file of a 2+2-layer Transformer trained for a few seconds to copy toy sentences, so
-    that it emits EOS at sensible places. Stands in for `nmt train` (switch when it is merged)."""
+    that it emits EOS at sensible places."""
     import sentencepiece as spm
     import torch
     import torch.nn.functional as F
