@@ -147,7 +147,7 @@ def describe_plan(cfg: TrainConfig, data: Corpus, per_node: int, kind: str, para
         f"planned ({world} devices x {M} x {mean:,.0f})",
         f"peak learning rate: {peak_lr:.3e} at update {cfg.warmup_updates} ({cfg.lr_schedule} schedule)",
         f"checkpoints: {' and '.join(saves) or 'at the end only'}, keep the last {cfg.keep_last}, plus "
-        "checkpoint_last.pt and checkpoint_best.pt (by validation loss)",
+        f"checkpoint_last.pt and checkpoint_best.pt (by validation {cfg.best_metric})",
         f"validation: every {cfg.validate_interval_updates} updates and at every checkpoint",
         f"data: {sum(map(len, split.batches)):,} training pairs in {len(split.batches):,} batches "
         f"({split.skipped:,} skipped as too long); {per_epoch:,} updates per epoch",

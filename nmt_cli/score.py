@@ -2,8 +2,9 @@
 
 - sacreBLEU (Post 2018) with its signature: the number to compare with sacreBLEU tables.
 - chrF (Popović 2015) with its signature, as sacreBLEU computes it.
-- Tokenized, compound-split BLEU: what the paper reports (27.3 base, 28.4 big on newstest2014
-  en-de), computed as tensor2tensor's `get_ende_bleu.sh` does: Moses replace-unicode-punctuation,
+- Tokenized BLEU: what the paper reports (27.3 base, 28.4 big on newstest2014 en-de; 38.1 and
+  41.8 en-fr), computed as tensor2tensor's `get_ende_bleu.sh` does (compound splitting for a German
+  target only, as that script is for German): Moses replace-unicode-punctuation,
   then the Moses tokenizer (`tokenizer.perl -l TGT`, escaping on, no aggressive dash splitting),
   then every hyphen between two non-space characters split off as ``##AT##-##AT##`` (Perl's
   ``s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g``: matches do not overlap, so "a-b-c" becomes
@@ -42,10 +43,15 @@ def split_compounds(tokenized: str) -> str:
 
 
 def paper_tokenize(lines: list[str], lang: str) -> list[str]:
-    """Moses replace-unicode-punctuation, Moses tokenizer (escaping), compound splitting."""
+    """Moses replace-unicode-punctuation, Moses tokenizer (escaping), compound splitting (German)."""
     normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
-    return [split_compounds(tokenizer.tokenize(normalizer.replace_unicode_punct(line), return_str=True, escape=True))
+    split = split_compounds if lang == "de" else str
+    return [split(tokenizer.tokenize(normalizer.replace_unicode_punct(line), return_str=True, escape=True))
             for line in lines]
+
+
+PAPER = {"de": "the paper's BLEU (27.3 base / 28.4 big, newstest2014 en-de)",
+         "fr": "the paper's BLEU (38.1 base / 41.8 big, newstest2014 en-fr)"}
 
 
 def tokenized_bleu(hyps: list[str], refs: list[str], lang: str) -> Any:
@@ -65,9 +71,10 @@ def compute_scores(hyps: list[str], refs: list[str], target_lang: str, tokenize:
                       "comparable_to": "sacreBLEU tables (not the paper's tokenized BLEU)"},
         "chrf": {"score": chrf.score, "signature": str(chrf_metric.get_signature())},
         "tokenized_bleu": {"score": paper.score,
-                           "signature": f"moses-tok:{target_lang}|compound-split:##AT##|multi-bleu|smooth:none",
+                           "signature": f"moses-tok:{target_lang}|"
+                                        f"{'compound-split:##AT##|' if target_lang == 'de' else ''}multi-bleu|smooth:none",
                            "verbose": paper.format(width=2, score_only=False),
-                           "comparable_to": "the paper's BLEU (27.3 base / 28.4 big on newstest2014 en-de)"},
+                           "comparable_to": PAPER.get(target_lang, "tokenized BLEU as papers before sacreBLEU")},
     }
 
 
@@ -95,13 +102,17 @@ def _reference(cfg: ScoreConfig) -> Path:
     return Path(refs[0])
 
 
-def _target_lang(cfg: ScoreConfig) -> str:
-    if cfg.langpair is None:
-        return "de"
-    src, sep, tgt = cfg.langpair.partition("-")
-    if not sep or not src or not tgt:
-        raise NmtError(f"--langpair must look like en-de, got {cfg.langpair!r}")
-    return tgt
+def _target_lang(cfg: ScoreConfig, ref: Path) -> tuple[str, str]:
+    """(target language for the Moses tokenizer, a note on how it was chosen)."""
+    if cfg.langpair is not None:
+        src, sep, tgt = cfg.langpair.partition("-")
+        if not sep or not src or not tgt:
+            raise NmtError(f"--langpair must look like en-de, got {cfg.langpair!r}")
+        return tgt, ""
+    suffix = ref.suffix.lstrip(".")
+    if re.fullmatch(r"[a-z]{2}", suffix):
+        return suffix, f" (target language {suffix} from the reference's file name; --langpair sets it)"
+    return "en", " (target language unknown: English tokenisation; pass --langpair)"
 
 
 def run(cfg: ScoreConfig) -> None:
@@ -111,15 +122,13 @@ def run(cfg: ScoreConfig) -> None:
     if len(hyps) != len(refs):
         raise NmtError(f"{hyp_path} has {len(hyps)} lines but the reference {ref_path} has {len(refs)}; "
                        "each hypothesis line must translate the same line of the reference")
-    target_lang = _target_lang(cfg)
+    target_lang, lang_note = _target_lang(cfg, ref_path)
     scores = compute_scores(hyps, refs, target_lang, cfg.tokenize)
     report = {"hyp": str(hyp_path), "ref": str(ref_path), "segments": len(hyps), "target_lang": target_lang, **scores}
     out_json = Path(cfg.out_json) if cfg.out_json is not None else hyp_path.with_name(hyp_path.name + ".scores.json")
     atomic_write_text(out_json, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     s, c, t = scores["sacrebleu"], scores["chrf"], scores["tokenized_bleu"]
-    lang_note = "" if cfg.langpair else " (target language assumed de; pass --langpair)"
     print(f"sacreBLEU       {s['score']:6.2f}  {s['signature']}  <- compare with sacreBLEU tables\n"
           f"chrF            {c['score']:6.2f}  {c['signature']}\n"
-          f"tokenized BLEU  {t['score']:6.2f}  {t['signature']}  <- compare with the paper "
-          f"(27.3 base / 28.4 big, newstest2014 en-de){lang_note}\n"
+          f"tokenized BLEU  {t['score']:6.2f}  {t['signature']}  <- compare with {t['comparable_to']}{lang_note}\n"
           f"scores written to {out_json}")

@@ -8,8 +8,8 @@ set -euo pipefail
 
 usage() {
     cat <<EOF
-usage: run.sh [--model base|big] [--gpus N] [--work DIR] [--stage N]
-              [--from DIR | --mirror URL] [--nproc N]
+usage: run.sh [--model base|big] [--gpus N] [--work DIR] [--stage N] [--until N]
+              [--from DIR | --mirror URL] [--checksums FILE] [--nproc N]
               [--nnodes N --node-rank R --rdzv-endpoint HOST:PORT] [--smoke] [-- EXTRA TRAIN OPTIONS]
 
   --model       base (100k updates, average last 5) or big (300k updates, average last 20) [big]
@@ -17,13 +17,15 @@ usage: run.sh [--model base|big] [--gpus N] [--work DIR] [--stage N]
   --work        folder for data, checkpoints and results [work/wmt14_PAIR]
   --stage       start at stage N: 1 prepare, 2 bpe, 3 binarize, 4 train, 5 average,
                 6 translate, 7 score [1]
+  --until       stop after stage N [7]
   --from        folder with the already-downloaded WMT14 archives (no network)
   --mirror      base URL of a mirror of statmt.org
+  --checksums   file of 'sha256-or-md5  archive-name' lines replacing the built-in checksums
   --nproc       N CPU workers (gloo) instead of GPUs: for trying the recipe without GPUs
   --nnodes, --node-rank, --rdzv-endpoint
                 several machines: run the same command on each, with its own --node-rank
-  --smoke       a minutes-long run of every stage on the CPU (tiny model, a few updates):
-                checks the recipe end to end; its BLEU means nothing
+  --smoke       a minutes-long run of every stage on the CPU (tiny model, a few updates, the
+                first 100 test sentences): checks the recipe end to end; its BLEU means nothing
   after --       options passed on to 'nmt train' (e.g. --set max_update=50000)
 EOF
 }
@@ -35,7 +37,7 @@ VOCAB=${VOCAB:?set by run.sh}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 RECIPE="$HERE/wmt14_${SRC}_${TGT}"
 
-MODEL=big GPUS=8 WORK="work/wmt14_${SRC}_${TGT}" STAGE=1 SMOKE=0 NPROC=0
+MODEL=big GPUS=8 WORK="work/wmt14_${SRC}_${TGT}" STAGE=1 UNTIL=7 SMOKE=0 NPROC=0
 PREPARE_ARGS=() TRAIN_ARGS=() NODE_ARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -43,8 +45,10 @@ while [ $# -gt 0 ]; do
         --gpus) GPUS=$2; shift 2 ;;
         --work) WORK=$2; shift 2 ;;
         --stage) STAGE=$2; shift 2 ;;
+        --until) UNTIL=$2; shift 2 ;;
         --from) PREPARE_ARGS+=(--from "$2"); shift 2 ;;
         --mirror) PREPARE_ARGS+=(--mirror "$2"); shift 2 ;;
+        --checksums) PREPARE_ARGS+=(--checksums "$2"); shift 2 ;;
         --nproc) NPROC=$2; shift 2 ;;
         --nnodes|--node-rank|--rdzv-endpoint) NODE_ARGS+=("$1" "$2"); shift 2 ;;
         --smoke) SMOKE=1; shift ;;
@@ -71,7 +75,11 @@ if [ "$SMOKE" = 1 ]; then
                 --set log_interval=1 "${TRAIN_ARGS[@]}")
 fi
 CKPT="$WORK/$MODEL"
-step() { [ "$STAGE" -le "$1" ] && echo "== stage $1: $2"; }
+TEST_SRC="$WORK/raw/test.$SRC" TEST_REF="$WORK/raw/test.$TGT"
+if [ "$SMOKE" = 1 ]; then
+    TEST_SRC="$CKPT/smoke-test.$SRC" TEST_REF="$CKPT/smoke-test.$TGT"
+fi
+step() { [ "$STAGE" -le "$1" ] && [ "$1" -le "$UNTIL" ] && echo "== stage $1: $2"; }
 
 if step 1 prepare; then
     $NMT prepare "wmt14-$SRC-$TGT" --src-lang "$SRC" --tgt-lang "$TGT" --out "$WORK/raw" "${PREPARE_ARGS[@]}"
@@ -96,10 +104,14 @@ if step 5 "average the last $LAST checkpoints"; then
     $NMT average "$CKPT" --last "$LAST" --out "$CKPT/averaged.pt"
 fi
 if step 6 "translate newstest2014 (beam 4, alpha 0.6, max length source+50)"; then
-    $NMT translate "$CKPT/averaged.pt" --input "$WORK/raw/test.$SRC" --output "$CKPT/newstest2014.$TGT" \
+    if [ "$SMOKE" = 1 ]; then
+        head -n 100 "$WORK/raw/test.$SRC" > "$TEST_SRC"
+        head -n 100 "$WORK/raw/test.$TGT" > "$TEST_REF"
+    fi
+    $NMT translate "$CKPT/averaged.pt" --input "$TEST_SRC" --output "$CKPT/newstest2014.$TGT" \
         --beam 4 --lenpen 0.6 --set max_len_a=1 --set max_len_b=50
 fi
 if step 7 score; then
-    $NMT score --hyp "$CKPT/newstest2014.$TGT" --ref "$WORK/raw/test.$TGT" --langpair "$SRC-$TGT" \
+    $NMT score --hyp "$CKPT/newstest2014.$TGT" --ref "$TEST_REF" --langpair "$SRC-$TGT" \
         --json "$CKPT/newstest2014.scores.json"
 fi

@@ -1,0 +1,124 @@
+"""The WMT14 recipes run end to end in smoke mode on the CPU, their real configuration plans 8 GPUs,
+and two machines (simulated by two launchers on this one) train together.
+
+Smoke mode runs every stage for real, sized for a CPU: WMT14 archives in the real layout (built by
+tests/fake_statmt.py from the shared data) served by a local stand-in for statmt.org, a tiny model,
+a few updates on two gloo workers standing in for GPUs, the first 100 test sentences.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, nmt
+from fake_statmt import FakeStatmt, checksums_file, wmt14_archives
+from nmt_cli import checkpoint
+
+pytestmark = pytest.mark.slow
+ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}
+
+
+def run_recipe(pair: str, work: Path, *args: object) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["bash", f"recipes/wmt14_{pair.replace('-', '_')}/run.sh", "--work", str(work),
+                           *map(str, args)], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, f"run.sh failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def archives(shared_data: Path) -> dict[str, dict]:
+    return wmt14_archives(shared_data)
+
+
+def smoke(pair: str, archives: dict[str, dict], work: Path) -> subprocess.CompletedProcess:
+    sums = checksums_file(archives, work.parent / "SHA256SUMS")
+    with FakeStatmt({path: archive["bytes"] for path, archive in archives.items()}) as site:
+        return run_recipe(pair, work, "--smoke", "--nproc", 2, "--mirror", site.url, "--checksums", sums)
+
+
+@pytest.fixture(scope="module")
+def en_de(archives: dict[str, dict], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    work = tmp_path_factory.mktemp("recipe") / "work"
+    return work, smoke("en-de", archives, work).stdout
+
+
+def _check_every_stage(work: Path, output: str, src: str, tgt: str) -> None:
+    for number, stage in enumerate(("prepare", "bpe", "binarize", "train", "average", "translate", "score"), 1):
+        assert f"== stage {number}: {stage}" in output
+    for folder, stage in (("raw", "prepare"), ("bpe", "bpe"), ("bin", "binarize")):
+        assert json.loads((work / folder / "manifest.json").read_text())["stage"] == stage
+    model = checkpoint.load(work / "big" / "averaged.pt")
+    assert model["kind"] == "model" and len(model["meta"]["averaged"]) == 2
+    last = checkpoint.load(work / "big" / "checkpoint_last.pt")
+    assert last["train"]["world_size"] == 2 and last["train"]["update"] == 6
+    assert last["model_config"]["dropout"] == (0.3 if tgt == "de" else 0.1)  # from the recipe's big YAML
+    hyp = (work / "big" / f"newstest2014.{tgt}").read_text(encoding="utf-8")
+    assert hyp.count("\n") == 100
+    scores = json.loads((work / "big" / "newstest2014.scores.json").read_text())
+    assert {"sacrebleu", "chrf", "tokenized_bleu"} <= set(scores)
+
+
+def test_en_de_recipe_runs_every_stage(en_de: tuple[Path, str]) -> None:
+    work, output = en_de
+    _check_every_stage(work, output, "en", "de")
+    assert json.loads((work / "raw" / "manifest.json").read_text())["splits"]["test"]["lines"] == 3003
+
+
+def test_en_fr_recipe_runs_every_stage(archives: dict[str, dict], tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    _check_every_stage(work, smoke("en-fr", archives, work).stdout, "en", "fr")
+
+
+def test_rerunning_the_recipe_skips_finished_stages(en_de: tuple[Path, str]) -> None:
+    work, _ = en_de
+    before = {p: p.stat().st_mtime_ns for p in (work / "bin").iterdir()}
+    proc = run_recipe("en-de", work, "--smoke", "--nproc", 2, "--stage", 2)  # no network needed from stage 2
+    assert "== stage 1" not in proc.stdout
+    assert proc.stderr.count("nothing to do") == 2  # bpe, binarize
+    assert "already trained to update 6" in proc.stderr
+    assert {p: p.stat().st_mtime_ns for p in (work / "bin").iterdir()} == before
+
+
+def test_real_configuration_plans_eight_gpus(en_de: tuple[Path, str], tmp_path: Path) -> None:
+    work, _ = en_de
+    for model, peak in (("big", "4.941e-04"), ("base", "6.988e-04")):  # d_model^-0.5 * 4000^-0.5
+        out = nmt("train", work / "bin", "--config", REPO / f"recipes/wmt14_en_de/transformer_{model}.yaml",
+                  "--save-dir", tmp_path / model, "--gpus", 8, "--dry-run").stdout
+        for needle in ("devices: 8 (1 node(s) x 8 GPU(s))", "max_tokens per device: 4,096", "accumulation:",
+                       "tokens per update: 25,000", f"peak learning rate: {peak}", "every 10 minutes"):
+            assert needle in out, out
+        assert not (tmp_path / model).exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_machines_train_together(en_de: tuple[Path, str], tmp_path: Path) -> None:
+    """Two launchers (as on two GPU nodes) rendezvous over TCP, train together, write one checkpoint set."""
+    work, _ = en_de
+    save, port = tmp_path / "run", _free_port()
+    common = ["train", work / "bin", "--save-dir", save, "--arch", "transformer_tiny", "--max-update", 4,
+              "--tokens-per-update", 2000, "--max-tokens", 1000, "--save-interval-updates", 2, "--precision", "fp32",
+              "--device", "cpu", "--nnodes", 2, "--nproc", 1, "--rdzv-endpoint", f"127.0.0.1:{port}", "--set", "log_interval=1"]
+    nodes = [subprocess.Popen([sys.executable, "-m", "nmt_cli", *map(str, common), "--node-rank", str(rank)],
+                              env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in (0, 1)]
+    outputs = [node.communicate(timeout=600)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)
+    assert sorted(p.name for p in save.glob("checkpoint_*.pt")) == [
+        "checkpoint_2.pt", "checkpoint_4.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
+    last = checkpoint.load(save / "checkpoint_last.pt")
+    assert last["train"]["world_size"] == 2 and len(last["train"]["rng"]) == 2
+    updates = [r["update"] for r in map(json.loads, (save / "train.jsonl").read_text().splitlines())
+               if r["kind"] == "train"]
+    assert updates == [1, 2, 3, 4]  # written once, by the first machine's rank 0
