@@ -8,8 +8,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from fake_statmt import tar_bytes
 
+from fake_statmt import tar_bytes
 from nmt_cli.archive import MARKER, extract
 from nmt_cli.errors import NmtError
 

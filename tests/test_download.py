@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-from fake_statmt import FakeStatmt
 
+from fake_statmt import FakeStatmt
 from nmt_cli.download import Remote, Retries, download, from_folder, mirrored, read_checksums, with_checksums
 from nmt_cli.errors import NmtError
 

@@ -11,10 +11,10 @@ import unicodedata
 from pathlib import Path
 
 import pytest
-from fake_statmt import FakeStatmt, checksums_file, read_lines, wmt14_archives
 from sacremoses import MosesPunctNormalizer
 
 from conftest import assert_user_error, nmt
+from fake_statmt import FakeStatmt, checksums_file, read_lines, wmt14_archives
 from nmt_cli import prepare
 from nmt_cli.artifacts import read_manifest
 from nmt_cli.clean import Cleaner, Options, normalize_punctuation, read_chunks
