@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import platform
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -86,6 +87,18 @@ def count_lines(path: Path, chunk_bytes: int = 1 << 22) -> int:
     return count + (last != b"\n")
 
 
+def open_input(path: Path) -> IO[bytes]:
+    """`path` opened for binary reading; a missing or unreadable file is an NmtError naming it."""
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise NmtError(f"{path} does not exist") from None
+    except IsADirectoryError:
+        raise NmtError(f"{path} is a folder, not a file") from None
+    except OSError as e:
+        raise NmtError(f"cannot read {path}: {e.strerror}") from None
+
+
 def read_lines(path: Path, errors: str = "strict") -> Iterator[str]:
     """Yield the lines of a UTF-8 text file without their line ending, streaming.
 
@@ -93,13 +106,7 @@ def read_lines(path: Path, errors: str = "strict") -> Iterator[str]:
     a line never changes the line count. Invalid UTF-8 raises NmtError naming the file and line
     unless `errors="replace"`.
     """
-    try:
-        f = open(path, "rb")  # noqa: SIM115 (closed by the with below, after the error mapping)
-    except FileNotFoundError:
-        raise NmtError(f"{path} does not exist") from None
-    except OSError as e:
-        raise NmtError(f"cannot read {path}: {e.strerror}") from None
-    with f:
+    with open_input(path) as f:
         for number, raw in enumerate(f, start=1):
             raw = raw.rstrip(b"\n")
             if raw.endswith(b"\r"):
@@ -226,6 +233,11 @@ def check_distinct_folders(out: Path, source: Path) -> None:
 
 # Config fields that change how a stage runs, not what it writes.
 _RUN_ONLY_FIELDS = {"workers"}
+
+
+def say_done(out: Path, stage: str) -> None:
+    print(f"nothing to do: {out} already holds this {stage} run (same config, unchanged input); "
+          "delete its manifest.json to run it again", file=sys.stderr)
 
 
 def is_done(out: Path, stage: str, cfg: Any) -> bool:

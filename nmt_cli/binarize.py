@@ -16,7 +16,6 @@ split when `--dictionary` is given, are written with dictionary ids directly.
 from __future__ import annotations
 
 import os
-import sys
 from collections import Counter
 from collections.abc import Callable
 from itertools import repeat
@@ -36,6 +35,7 @@ from nmt_cli.artifacts import (
     manifest_languages,
     manifest_split_counts,
     read_manifest,
+    say_done,
     sha256_file,
 )
 from nmt_cli.data import UNK, Dictionary, IndexedWriter, read_sequential, token_dtype
@@ -48,9 +48,7 @@ BPE_COMMAND = "nmt bpe RAW --out BPE"
 
 def run(cfg: BinarizeConfig) -> None:
     if is_done(cfg.out, "binarize", cfg):
-        print(f"nothing to do: {cfg.out} already holds this binarize run (same config, unchanged input); "
-              "delete its manifest.json to run it again", file=sys.stderr)
-        return
+        return say_done(cfg.out, "binarize")
     bpe = read_manifest(cfg.bpe, "bpe", BPE_COMMAND)
     src, tgt = manifest_languages(bpe, cfg.bpe)
     lines = manifest_split_counts(bpe, cfg.bpe, "lines")

@@ -41,6 +41,7 @@ from nmt_cli.artifacts import (
     manifest_languages,
     manifest_split_counts,
     read_manifest,
+    say_done,
     sha256_file,
 )
 from nmt_cli.errors import NmtError
@@ -53,9 +54,7 @@ PREPARE_COMMAND = "nmt prepare ... --out RAW"
 
 def run(cfg: BpeConfig) -> None:
     if is_done(cfg.out, "bpe", cfg):
-        print(f"nothing to do: {cfg.out} already holds this bpe run (same config, unchanged input); "
-              "delete its manifest.json to run it again", file=sys.stderr)
-        return
+        return say_done(cfg.out, "bpe")
     raw = read_manifest(cfg.raw, "prepare", PREPARE_COMMAND)
     src, tgt = manifest_languages(raw, cfg.raw)
     lines = manifest_split_counts(raw, cfg.raw, "lines")

@@ -24,7 +24,15 @@ from rich.console import Console
 from rich.table import Table
 
 from nmt_cli import clean, wmt
-from nmt_cli.artifacts import StageOutput, atomic_writer, count_lines, file_record, is_done, read_manifest
+from nmt_cli.artifacts import (
+    StageOutput,
+    atomic_writer,
+    count_lines,
+    file_record,
+    is_done,
+    read_manifest,
+    say_done,
+)
 from nmt_cli.download import Retries
 from nmt_cli.errors import NmtError
 from nmt_cli.stages import PrepareConfig
@@ -40,9 +48,7 @@ def run(cfg: PrepareConfig) -> None:
     src, tgt = languages(cfg)
     _check_options(cfg)
     if _already_done(cfg):
-        _log(f"nothing to do: {cfg.out} already holds this preparation (its manifest.json matches the "
-             "config); delete that manifest to prepare again")
-        return
+        return say_done(cfg.out, "prepare")
     with StageOutput(cfg.out, "prepare", cfg) as stage:
         stage.info.update(dataset=cfg.dataset, src_lang=src, tgt_lang=tgt)
         match cfg.dataset:

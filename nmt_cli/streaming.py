@@ -30,6 +30,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from nmt_cli.artifacts import open_input
 from nmt_cli.errors import NmtError
 
 BLOCK_BYTES = 1 << 20  # ~8k sentences of WMT text: large enough that inter-process overhead vanishes
@@ -71,13 +72,7 @@ class Block(NamedTuple):
 def line_blocks(path: Path, block_bytes: int | None = None) -> Iterator[Block]:
     """Yield `path` as blocks of whole lines of about `block_bytes` (a longer line is one block)."""
     block_bytes = block_bytes or BLOCK_BYTES
-    try:
-        f = open(path, "rb")  # noqa: SIM115 (closed by the with below, after the error mapping)
-    except FileNotFoundError:
-        raise NmtError(f"{path} does not exist") from None
-    except OSError as e:
-        raise NmtError(f"cannot read {path}: {e.strerror}") from None
-    with f:
+    with open_input(path) as f:
         pending, first_line = bytearray(), 1
         while data := f.read(block_bytes):
             pending += data
