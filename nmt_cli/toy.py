@@ -10,8 +10,9 @@ that a model must learn what translation needs, on a CPU in minutes:
 - length change: English "a" has no translation, plural nouns and past tense add a separate particle,
   while English verb agreement ("sees"/"see") and irregular forms ("mice", "saw") carry no extra word.
 
-    the two small cats saw a red bird in the house .
-    lo tu mika sopi ka bira roza ine lo kasa sawe ta .
+    my lazy cats brought three lazy strange tables in this song.
+    mi nura fuka ka san lenazi fuka ruvivo ka sei lademu fezoda vale ta.
+    (my cat lazy PLURAL three table lazy strange PLURAL this song in bring PAST.)
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def sentence_pair(rng: random.Random) -> tuple[str, str]:
         conj = rng.choice(list(CONJUNCTIONS))
         en2, ty2 = _clause(rng)
         en, ty = [*en, conj, *en2], [*ty, CONJUNCTIONS[conj], *ty2]
-    return " ".join(en) + " .", " ".join(ty) + " ."
+    return " ".join(en) + ".", " ".join(ty) + "."
 
 
 def _bucket(source: str) -> int:

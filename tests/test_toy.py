@@ -26,8 +26,8 @@ def test_reordering_and_length_change_are_present() -> None:
     verbs = {toy.LEXICON[stem] for _, stem, _ in toy.VERBS}
     adjective_after_noun = verb_last = single_clauses = length_changed = 0
     for source, target in toy.pairs("train", 2000, seed=1):
-        words = target.split()
-        clause = words[:-1]  # drop the final "."
+        words = target.removesuffix(".").split()
+        clause = words
         if toy.CONJUNCTIONS.keys().isdisjoint(source.split()):
             last = clause[-2] if clause[-1] == toy.PAST else clause[-1]
             single_clauses += 1
