@@ -28,7 +28,8 @@ import sentencepiece as spm
 import torch
 
 from nmt_cli import checkpoint
-from nmt_cli.artifacts import atomic_writer, count_lines
+from nmt_cli.artifacts import atomic_writer, check_output_file, count_lines
+from nmt_cli.bpe import sentencepiece_processor
 from nmt_cli.data import EOS, Dictionary
 from nmt_cli.errors import NmtError
 from nmt_cli.model import Transformer
@@ -159,7 +160,10 @@ def _check(cfg: TranslateConfig) -> None:
     if cfg.max_tokens < 1 or cfg.chunk_lines < 1:
         raise NmtError("max_tokens and chunk_lines must be at least 1")
     if cfg.input is not None and not Path(cfg.input).is_file():
-        raise NmtError(f"input file {cfg.input} does not exist")
+        what = "is a folder" if Path(cfg.input).is_dir() else "does not exist"
+        raise NmtError(f"input file {cfg.input} {what}; give a text file (or leave --input out to read stdin)")
+    if cfg.output is not None:
+        check_output_file(cfg.output, "--output")
 
 
 def keep_freed_memory() -> None:
@@ -189,11 +193,8 @@ def load_translator(cfg: TranslateConfig, warn: Warn) -> Translator:
     elif cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     model, dictionary, spm_bytes = checkpoint.load_model(cfg.model, device)
-    sp = spm.SentencePieceProcessor()
-    try:
-        sp.LoadFromSerializedProto(spm_bytes)
-    except (RuntimeError, OSError) as e:
-        raise NmtError(f"{cfg.model}: its sentencepiece model cannot be read ({e})") from None
+    sp = sentencepiece_processor(spm_bytes, f"the sentencepiece model inside {cfg.model}",
+                                 "the file is damaged or was not written by nmt")
     return Translator(model.to(dtype), dictionary, sp, cfg, warn, workers)
 
 
