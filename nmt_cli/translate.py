@@ -71,14 +71,27 @@ class Translator:
 
     def encode(self, text: str, number: int) -> list[int]:
         """Source ids with EOS, truncated (with a warning) to the model's max_positions."""
-        pieces = text.split() if self.cfg.input_format == "pieces" else self.sp.encode(text, out_type=str)
-        ids = self.dictionary.encode(pieces)
         limit = self.model.cfg.max_positions - 1
+        ids = self.dictionary.encode(self._pieces(text, limit))
         if len(ids) > limit:
-            self.warn(f"line {number}: {len(ids)} pieces, more than the model's max_positions "
-                      f"({limit + 1} with EOS); translating only the first {limit}")
+            self.warn(f"line {number}: more pieces than the model's max_positions ({limit + 1} with EOS); "
+                      f"translating only the first {limit}")
             ids = ids[:limit]
-        return [*ids, EOS]
+        return ids + [EOS]
+
+    def _pieces(self, text: str, limit: int) -> list[str]:
+        """The pieces of `text`; of a line far longer than the model reads, only those of a prefix of
+        whole words that already gives more than `limit` pieces (they equal the first pieces of the
+        whole line: sentencepiece splits at spaces), so a 5 MB line costs what a short one does."""
+        if self.cfg.input_format == "pieces":
+            return text.split()
+        budget = 64 * (limit + 1)  # characters: far more than `limit` pieces need
+        cut = text.rfind(" ", 0, budget) if len(text) > 2 * budget else -1
+        if cut > 0:
+            pieces = self.sp.encode(text[:cut], out_type=str)
+            if len(pieces) > limit:
+                return pieces
+        return self.sp.encode(text, out_type=str)
 
     def decode(self, tokens: Sequence[int]) -> str:
         pieces = self.dictionary.decode(tokens)
