@@ -205,6 +205,7 @@ def test_a_body_of_unknown_length_is_never_taken_as_complete(site: FakeStatmt, t
     (["404"], {}, 4, "HTTP 404"),
     (["drop"] * 4, {}, 4, "after 4 attempts"),
     (["stall-body"], {}, 1, "after 1 attempts"),
+    (["cut"], {}, 1, "after 1 attempts"),  # fewer bytes than its Content-Length
     (["no-length"], {}, 4, "did not say how long"),
     (["no-length"], {"sha256": hashlib.sha256(CONTENT).hexdigest()}, 4, "does not match the known sha256"),
     (["wrong"], {"sha256": hashlib.sha256(CONTENT).hexdigest()}, 4, "does not match the known sha256"),
