@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import sys
 import tempfile
 import uuid
@@ -116,7 +117,7 @@ def read_lines(path: Path, errors: str = "strict") -> Iterator[str]:
             except UnicodeDecodeError as e:
                 raise NmtError(
                     f"{path}, line {number}: invalid UTF-8 (byte {e.start + 1} of the line); "
-                    "convert the file to UTF-8 (e.g. with iconv) or pass --set invalid_utf8=replace"
+                    "convert the file to UTF-8 (e.g. with iconv)"
                 ) from None
 
 
@@ -174,15 +175,16 @@ class StageOutput:
 
 
 def read_manifest(folder: Path, stage: str, command: str) -> dict[str, Any]:
-    """The manifest of a finished `stage` run in `folder`, with every listed output checked.
+    """The manifest of a finished `stage` run in `folder`, with every listed output checked: its size,
+    and its sha256 where one was recorded (the small files that define a corpus: spm.model, dict.txt).
 
     `command` is what the user runs to (re)make the folder, for the error message.
     """
     folder = Path(folder)
     path = folder / MANIFEST
     if not folder.is_dir():
-        raise NmtError(f"{folder} does not exist; create it with `{command}`")
-    if not path.exists():
+        raise NmtError(f"{folder} does not exist or is not a folder; create it with `{command}`")
+    if not path.is_file():
         raise NmtError(
             f"{folder} has no {MANIFEST}: it was not written by `nmt {stage}` or that run did not "
             f"finish; run `{command}` again")
@@ -193,23 +195,45 @@ def read_manifest(folder: Path, stage: str, command: str) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("stage") != stage:
         found = manifest.get("stage") if isinstance(manifest, dict) else None
         raise NmtError(f"{folder} was written by `nmt {found}`, not `nmt {stage}`; pass the output of `{command}`")
-    for name, record in manifest.get("outputs", {}).items():
+    for name, record in _output_records(manifest, path, command).items():
         file = folder / name
-        if not file.exists():
-            raise NmtError(f"{file} is missing although {path} lists it; run `{command}` again")
+        if not file.is_file():
+            raise NmtError(f"{file} is missing or not a file although {path} lists it; run `{command}` again")
         if file.stat().st_size != record["bytes"]:
             raise NmtError(
                 f"{file} has {file.stat().st_size} bytes but {path} recorded {record['bytes']}: it was "
                 f"changed or truncated after `nmt {stage}` wrote it; run `{command}` again")
+        if "sha256" in record and sha256_file(file) != record["sha256"]:
+            raise NmtError(f"{file} does not match the sha256 that {path} recorded: it was changed after "
+                           f"`nmt {stage}` wrote it; run `{command}` again")
     return manifest
+
+
+def _output_records(manifest: dict[str, Any], path: Path, command: str) -> dict[str, dict[str, Any]]:
+    """The manifest's "outputs", checked to be {plain file name: {"bytes": int, ...}}."""
+    outputs, inputs = manifest.get("outputs", {}), manifest.get("inputs", {})
+    valid = isinstance(outputs, dict) and isinstance(inputs, dict) and all(
+        _NAME.fullmatch(name) and isinstance(r, dict) and type(r.get("bytes")) is int
+        and isinstance(r.get("sha256", ""), str) for name, r in outputs.items())
+    if not valid:
+        raise NmtError(f"{path} does not have the layout nmt writes (its inputs or outputs are damaged); "
+                       f"run `{command}` again")
+    return outputs
+
+
+# A language code, a split name or a stage output's file name: names files, so no '/' and no leading '.'.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_CODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 
 def manifest_languages(manifest: dict[str, Any], folder: Path) -> tuple[str, str]:
     """(src_lang, tgt_lang) of a parallel-corpus folder (prepare, bpe, binarize)."""
     src, tgt = manifest.get("src_lang"), manifest.get("tgt_lang")
-    if not (isinstance(src, str) and isinstance(tgt, str) and src and tgt and src != tgt):
-        raise NmtError(f"{folder / MANIFEST} must name two different languages in src_lang and tgt_lang "
-                       f"(found {src!r}, {tgt!r}); write the folder again with `nmt {manifest.get('stage')}`")
+    if not (isinstance(src, str) and isinstance(tgt, str) and _CODE.fullmatch(src) and _CODE.fullmatch(tgt)
+            and src != tgt):
+        raise NmtError(f"{folder / MANIFEST} must name two different languages in src_lang and tgt_lang, "
+                       f"as letters, digits, '_' or '-' (found {src!r}, {tgt!r}); write the folder again with "
+                       f"`nmt {manifest.get('stage')}`")
     return src, tgt
 
 
@@ -219,10 +243,23 @@ def manifest_split_counts(manifest: dict[str, Any], folder: Path, key: str) -> d
     redo = f"write the folder again with `nmt {manifest.get('stage')}`"
     if not isinstance(splits, dict) or "train" not in splits:
         raise NmtError(f"{folder / MANIFEST} lists no train split; {redo}")
-    try:
-        return {name: int(info[key]) for name, info in splits.items()}
-    except (TypeError, KeyError, ValueError):
-        raise NmtError(f"{folder / MANIFEST}: every split needs a '{key}' count; {redo}") from None
+    counts = {name: info.get(key) if isinstance(info, dict) else None for name, info in splits.items()}
+    for name, count in counts.items():
+        if not _CODE.fullmatch(name) or type(count) is not int or count < 0:
+            raise NmtError(f"{folder / MANIFEST}: split {name!r} needs a name of letters, digits, '_' or '-' "
+                           f"and a '{key}' count that is a whole number >= 0 (found {count!r}); {redo}")
+    return counts
+
+
+def check_output_file(path: Path, option: str) -> None:
+    """Refuse an output file that could not be written, before any work is done: a path that is a
+    folder, or one below a file."""
+    path = Path(path)
+    if path.is_dir():
+        raise NmtError(f"{option} {path} is a folder; give a file name")
+    existing = next((p for p in path.parents if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise NmtError(f"{option} {path}: {existing} is a file, not a folder; choose another path")
 
 
 def check_distinct_folders(out: Path, source: Path) -> None:
@@ -252,7 +289,8 @@ def is_done(out: Path, stage: str, cfg: Any) -> bool:
     if comparable(manifest.get("config")) != comparable(json.loads(json.dumps(to_dict(cfg)))):
         return False
     for record in manifest.get("inputs", {}).values():
-        upstream = Path(record["folder"]) / MANIFEST if isinstance(record, dict) and "manifest_sha256" in record else None
-        if upstream is not None and (not upstream.exists() or sha256_file(upstream) != record["manifest_sha256"]):
+        upstream = (Path(str(record.get("folder"))) / MANIFEST
+                    if isinstance(record, dict) and "manifest_sha256" in record else None)
+        if upstream is not None and (not upstream.is_file() or sha256_file(upstream) != record["manifest_sha256"]):
             return False
     return True

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli import checkpoint
+from nmt_cli.artifacts import check_output_file
 from nmt_cli.errors import NmtError
 from nmt_cli.stages import AverageConfig
 
@@ -97,14 +98,15 @@ def _check_compatible(first: dict[str, Any], first_path: Path, other: dict[str, 
 
 def _update_of(state: dict[str, Any], path: Path) -> int | None:
     update = state.get("meta", {}).get("update")
-    if update is None and (m := NUMBERED.fullmatch(path.name)):
+    if type(update) is not int and (m := NUMBERED.fullmatch(path.name)):
         update = int(m.group(1))
-    return update
+    return update if type(update) is int else None
 
 
 def run(cfg: AverageConfig) -> None:
     paths = select_checkpoints(cfg)
     out = Path(cfg.out)
+    check_output_file(out, "--out")
     if any(out.resolve() == p.resolve() for p in paths):
         raise NmtError(f"--out {out} is one of the checkpoints being averaged; choose another file")
     first: dict[str, Any] = {}
@@ -116,8 +118,12 @@ def run(cfg: AverageConfig) -> None:
             if not first:  # keep what describes the model, not the weights or training state
                 checkpoint.model_config_of(state, path)
                 first.update({k: state[k] for k in ("model_config", "dictionary", "spm_model")}, path=path)
+                first["shapes"] = {k: v.shape for k, v in state["model"].items()}
             else:
                 _check_compatible(first, first["path"], state, path)
+            if {k: v.shape for k, v in state["model"].items()} != first["shapes"]:
+                raise NmtError(f"{path}: its weights do not have the names and shapes of those in {first['path']} "
+                               "(the file is damaged, or was not written by nmt)")
             averaged.append({"file": str(path), "update": _update_of(state, path)})
             print(f"average: read {path} (update {averaged[-1]['update']})", file=sys.stderr)
             yield state.pop("model")

@@ -38,6 +38,7 @@ from nmt_cli.artifacts import (
     say_done,
     sha256_file,
 )
+from nmt_cli.bpe import sentencepiece_processor
 from nmt_cli.data import UNK, Dictionary, IndexedWriter, read_sequential, token_dtype
 from nmt_cli.errors import NmtError
 from nmt_cli.stages import BinarizeConfig
@@ -55,6 +56,7 @@ def run(cfg: BinarizeConfig) -> None:
     check_distinct_folders(cfg.out, cfg.bpe)
     if not (cfg.bpe / "spm.model").is_file():
         raise NmtError(f"{cfg.bpe}/spm.model is missing; run `{BPE_COMMAND}` again")
+    sentencepiece_processor((cfg.bpe / "spm.model").read_bytes(), f"{cfg.bpe}/spm.model", f"run `{BPE_COMMAND}` again")
     worker_count(cfg.workers)  # refuse a bad value before the output folder is touched
     dictionary = Dictionary.load(cfg.dictionary) if cfg.dictionary is not None else None
     with StageOutput(cfg.out, "binarize", cfg) as stage, WorkerPool(cfg.workers) as pool:

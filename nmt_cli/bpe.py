@@ -108,15 +108,21 @@ def load_model(path: Path) -> bytes:
         raise NmtError(f"--model {path} does not exist") from None
     except OSError as e:
         raise NmtError(f"cannot read --model {path}: {e.strerror}") from None
-    try:
-        processor = spm.SentencePieceProcessor(model_proto=model)
-    except RuntimeError:
-        raise NmtError(f"--model {path} is not a sentencepiece model (it does not load as one); pass the "
-                       "spm.model written by `nmt bpe` or by spm_train, or leave --model out to train one") from None
+    processor = sentencepiece_processor(model, f"--model {path}", "pass the spm.model written by `nmt bpe` or "
+                                        "by spm_train, or leave --model out to train one")
     if any(" " in piece for piece in processor.encode("a b", out_type=str)):
         raise NmtError(f"--model {path} keeps spaces inside pieces (trained without whitespace escaping), "
                        "so pieces could not be written space-separated; train a model with `nmt bpe`")
     return model
+
+
+def sentencepiece_processor(model: bytes, source: str, fix: str) -> spm.SentencePieceProcessor:
+    """A processor of the sentencepiece model `model`; bytes that do not parse as one (a damaged or
+    foreign file) are an NmtError naming `source`, with `fix`."""
+    try:
+        return spm.SentencePieceProcessor(model_proto=model)
+    except (RuntimeError, OSError):  # what sentencepiece raises for bytes it cannot parse
+        raise NmtError(f"{source} is not a sentencepiece model (it does not load as one); {fix}") from None
 
 
 def train_model(cfg: BpeConfig, files: list[Path], total_sentences: int) -> tuple[bytes, dict[str, Any]]:

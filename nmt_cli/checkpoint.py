@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from nmt_cli.artifacts import _fsync_dir, atomic_writer
+from nmt_cli.config import build
 from nmt_cli.data import Dictionary
 from nmt_cli.errors import NmtError
 from nmt_cli.stages import ModelConfig
@@ -96,7 +97,30 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     stored = state.pop("sha256", None)
     if stored != checksum(state):
         raise NmtError(f"{path} is corrupt: its checksum does not match its contents (damaged on disk or in copy)")
+    _check_layout(state, path)
     return state
+
+
+def _check_layout(state: dict[str, Any], path: Path) -> None:
+    """Refuse a file with a valid checksum whose parts are not what nmt writes (made by another
+    program or version), naming the parts, before anything fails deep inside torch."""
+    model, vocab = state.get("model"), state.get("dictionary")
+    parts = {
+        "kind": state.get("kind") in ("checkpoint", "model"),
+        "model": isinstance(model, dict) and bool(model)
+        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in model.items()),
+        "model_config": isinstance(state.get("model_config"), dict),
+        "dictionary": isinstance(vocab, dict) and isinstance(vocab.get("symbols"), list)
+        and isinstance(vocab.get("counts"), list) and len(vocab["symbols"]) == len(vocab["counts"])
+        and all(isinstance(s, str) for s in vocab["symbols"]) and all(type(c) is int for c in vocab["counts"]),
+        "spm_model": isinstance(state.get("spm_model"), bytes),
+        "meta": isinstance(state.get("meta", {}), dict),
+        "train": isinstance(state.get("train", {}), dict),  # its contents are resume.py's to check
+    }
+    damaged = [name for name, ok in parts.items() if not ok]
+    if damaged:
+        raise NmtError(f"{path} is not a usable nmt file: its {', '.join(damaged)} {'is' if len(damaged) == 1 else 'are'} "
+                       "missing or not what nmt writes (was it written by another program or nmt version?)")
 
 
 def model_state(model: torch.nn.Module, cfg: ModelConfig, dictionary: Dictionary, spm_model: bytes) -> dict[str, Any]:
@@ -110,14 +134,14 @@ def model_state(model: torch.nn.Module, cfg: ModelConfig, dictionary: Dictionary
 
 
 def model_config_of(state: dict[str, Any], path: Path) -> ModelConfig:
-    try:
-        return ModelConfig(**state["model_config"])
-    except (KeyError, TypeError) as e:
-        raise NmtError(f"{path} has no usable model config ({e}); it was written by another nmt version") from None
+    """The file's model config, each field checked as a YAML value would be (a field it lacks, from
+    an older version, takes its default)."""
+    return build(ModelConfig, [(f"{path}: model_config", state["model_config"])])
 
 
-def dictionary_of(state: dict[str, Any]) -> Dictionary:
-    return Dictionary(list(state["dictionary"]["symbols"]), list(state["dictionary"]["counts"]))
+def dictionary_of(state: dict[str, Any], path: Path) -> Dictionary:
+    return Dictionary.checked(list(state["dictionary"]["symbols"]), list(state["dictionary"]["counts"]),
+                              f"{path}: the dictionary", "the file is damaged", unit="entry")
 
 
 def differing_fields(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
@@ -131,7 +155,7 @@ def load_model(path: Path, device: str | torch.device = "cpu"):
 
     state = load(path)
     cfg = model_config_of(state, path)
-    dictionary = dictionary_of(state)
+    dictionary = dictionary_of(state, path)
     model = Transformer(cfg, len(dictionary))
     try:
         model.load_state_dict(state["model"])

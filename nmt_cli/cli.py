@@ -20,7 +20,7 @@ from rich.markup import escape
 
 from nmt_cli import __version__
 from nmt_cli.config import help_of, resolve
-from nmt_cli.errors import NmtError
+from nmt_cli.errors import NmtError, from_os_error
 from nmt_cli.stages import (
     AverageConfig,
     BinarizeConfig,
@@ -67,6 +67,8 @@ def _run(stage: str, cfg: Any) -> None:
         module.run(cfg)
     except NmtError as e:
         raise fail(e) from None
+    except OSError as e:  # a path that cannot be read or written, a full disk: the user's to fix
+        raise fail(from_os_error(e)) from None
     except KeyboardInterrupt:
         Console(stderr=True, soft_wrap=True).print(
             "[yellow]interrupted[/]: finished outputs are kept; run the same command again to continue")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -23,11 +24,15 @@ import yaml
 from nmt_cli.errors import NmtError
 
 
-def opt(default: Any, help: str) -> Any:
-    """A dataclass field with its help text; the text is shown by `nmt CMD --help`."""
+def opt(default: Any, help: str, *, at_least: float | None = None, above: float | None = None,
+        at_most: float | None = None, below: float | None = None) -> Any:
+    """A dataclass field with its help text (shown by `nmt CMD --help`) and, for numbers, the range
+    a value from YAML or the command line must lie in (each number of a tuple, too)."""
+    bounds = {"at_least": at_least, "above": above, "at_most": at_most, "below": below}
+    metadata = {"help": help, **{k: v for k, v in bounds.items() if v is not None}}
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
-        return dataclasses.field(default_factory=lambda: _copy(default), metadata={"help": help})
-    return dataclasses.field(default=default, metadata={"help": help})
+        return dataclasses.field(default_factory=lambda: _copy(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def required(help: str) -> Any:
@@ -112,24 +117,44 @@ def _put_dotted(target: dict[str, Any], key: str, value: Any) -> None:
     target[leaf] = value
 
 
-def build(cls: type, layers: list[tuple[str, dict[str, Any]]], base: Any = None) -> Any:
-    """Apply each (source, mapping) layer in order on top of `base` (default: `cls()` defaults)."""
-    values = {f.name: getattr(base, f.name) if base is not None else _default(f) for f in dataclasses.fields(cls)}
+def build(cls: type, layers: list[tuple[str, dict[str, Any]]], base: Any = None, prefix: str = "") -> Any:
+    """Apply each (source, mapping) layer in order on top of `base` (default: `cls()` defaults).
+    `prefix` names the group in messages (``model.``)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = {name: getattr(base, name) if base is not None else _default(f) for name, f in fields.items()}
     hints = typing.get_type_hints(cls)
+    groups: dict[str, list[tuple[str, dict[str, Any]]]] = {}  # built once from all layers: no half-set group
     for source, mapping in layers:
         for key, raw in mapping.items():
+            if not isinstance(key, str):
+                raise NmtError(f"{source}: option names are words, got {key!r}; valid keys: {', '.join(fields)}")
             if key not in values:
-                raise NmtError(_unknown_key(cls, key, source))
+                raise NmtError(_unknown_key(cls, key, source, prefix))
             if dataclasses.is_dataclass(hints[key]):
                 if not isinstance(raw, dict):
-                    raise NmtError(f"{source}: '{key}' is a group of options and takes a mapping, got {raw!r}")
-                values[key] = build(hints[key], [(source, raw)], values[key])
+                    raise NmtError(f"{source}: '{prefix}{key}' is a group of options and takes a mapping, got {raw!r}")
+                groups.setdefault(key, []).append((source, raw))
             else:
-                values[key] = convert(raw, hints[key], f"{source}: '{key}'")
-    for f in dataclasses.fields(cls):
+                values[key] = convert(raw, hints[key], f"{source}: '{prefix}{key}'")
+                _check_range(values[key], fields[key].metadata, f"{source}: '{prefix}{key}'")
+    for key, group_layers in groups.items():
+        values[key] = build(hints[key], group_layers, values[key], f"{prefix}{key}.")
+    for f in fields.values():
         if f.metadata.get("required") and values[f.name] is None:
             raise NmtError(f"missing required option '{f.name}' ({f.metadata.get('help', '')})")
     return cls(**values)
+
+
+def _check_range(value: Any, metadata: Any, where: str) -> None:
+    """Refuse a number outside the field's declared range (see `opt`)."""
+    numbers = value if isinstance(value, tuple) else (value,)
+    for number in numbers:
+        if isinstance(number, bool) or not isinstance(number, (int, float)):
+            continue
+        for bound, fails, words in (("at_least", float.__lt__, "at least"), ("above", float.__le__, "above"),
+                                    ("at_most", float.__gt__, "at most"), ("below", float.__ge__, "below")):
+            if bound in metadata and fails(float(number), float(metadata[bound])):
+                raise NmtError(f"{where} must be {words} {metadata[bound]:g}; got {value!r}")
 
 
 def _default(field: dataclasses.Field) -> Any:
@@ -138,11 +163,11 @@ def _default(field: dataclasses.Field) -> Any:
     return field.default_factory()
 
 
-def _unknown_key(cls: type, key: str, source: str) -> str:
+def _unknown_key(cls: type, key: str, source: str, prefix: str = "") -> str:
     names = [f.name for f in dataclasses.fields(cls)]
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
-    hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(names)}"
-    return f"{source}: unknown option '{key}' for {cls.__name__}{hint}"
+    hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys: {', '.join(names)}"
+    return f"{source}: unknown option '{prefix}{key}' for {cls.__name__}{hint}"
 
 
 _TRUE = {"true", "yes", "on", "1"}
@@ -177,9 +202,12 @@ def convert(value: Any, tp: Any, where: str) -> Any:
         if isinstance(value, bool):
             raise NmtError(f"{where} must be a number; got {value!r}")
         try:
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
             raise NmtError(f"{where} must be a number; got {value!r}") from None
+        if not math.isfinite(number):  # no setting means anything with nan or inf; 0 is "off" where allowed
+            raise NmtError(f"{where} must be a finite number; got {value!r}")
+        return number
     if tp is str:
         if isinstance(value, (dict, list)):
             raise NmtError(f"{where} must be a string; got {value!r}")

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from nmt_cli.artifacts import read_manifest
+from nmt_cli.artifacts import manifest_languages, read_manifest
+from nmt_cli.bpe import sentencepiece_processor
 from nmt_cli.data import Dictionary, IndexedDataset, batch_by_size, epoch_order, filter_by_size
 from nmt_cli.errors import NmtError
 from nmt_cli.stages import TrainConfig
@@ -55,8 +56,9 @@ class Corpus:
 def load(cfg: TrainConfig) -> Corpus:
     """Read the folder written by `nmt binarize` and plan the batches of train and valid."""
     folder = Path(cfg.data)
-    manifest = read_manifest(folder, "binarize", f"nmt binarize BPE_FOLDER --out {folder}")
-    src_lang, tgt_lang = manifest["src_lang"], manifest["tgt_lang"]
+    redo = f"nmt binarize BPE_FOLDER --out {folder}"
+    manifest = read_manifest(folder, "binarize", redo)
+    src_lang, tgt_lang = manifest_languages(manifest, folder)
     dictionary = Dictionary.load(folder / "dict.txt")
     if len(dictionary) != manifest.get("dict_size", len(dictionary)):
         raise NmtError(f"{folder}/dict.txt has {len(dictionary)} symbols but {folder}/manifest.json says "
@@ -64,6 +66,8 @@ def load(cfg: TrainConfig) -> Corpus:
     spm_path = folder / "spm.model"
     if not spm_path.is_file():
         raise NmtError(f"{spm_path} is missing; run `nmt binarize` again (it copies the sentencepiece model)")
+    spm_model = spm_path.read_bytes()  # checked now: every checkpoint carries it, for `nmt translate`
+    sentencepiece_processor(spm_model, str(spm_path), f"run `{redo}` again")
     splits = {}
     for split in ("train", "valid"):
         src, tgt = IndexedDataset(folder / f"{split}.{src_lang}"), IndexedDataset(folder / f"{split}.{tgt_lang}")
@@ -72,8 +76,20 @@ def load(cfg: TrainConfig) -> Corpus:
                            f"{len(tgt)}; run `nmt binarize` again")
         if len(src) == 0:
             raise NmtError(f"{folder}/{split}.{src_lang} holds no sentences; nothing to {split} on")
+        for lang, data in ((src_lang, src), (tgt_lang, tgt)):
+            _check_ids(data, len(dictionary), folder / f"{split}.{lang}.bin")
         splits[split] = plan_split(src, tgt, cfg.model.max_positions, cfg.max_tokens)
-    return Corpus(folder, src_lang, tgt_lang, dictionary, spm_path.read_bytes(), splits["train"], splits["valid"])
+    return Corpus(folder, src_lang, tgt_lang, dictionary, spm_model, splits["train"], splits["valid"])
+
+
+def _check_ids(data: IndexedDataset, dict_size: int, path: Path) -> None:
+    """Refuse token ids outside the dictionary: the embedding lookup would fail mid-training. One pass
+    over the memory map (about a second per 10^9 tokens), in chunks so memory stays flat."""
+    step = 1 << 26
+    for start in range(0, len(data.tokens), step):
+        if int(data.tokens[start : start + step].max()) >= dict_size:
+            raise NmtError(f"{path} holds token ids beyond the {dict_size} symbols of dict.txt: it does not belong "
+                           "to this dictionary or is damaged; run `nmt binarize` again")
 
 
 def plan_split(src: IndexedDataset, tgt: IndexedDataset, max_positions: int, max_tokens: int) -> Split:

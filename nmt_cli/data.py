@@ -62,14 +62,19 @@ class Dictionary:
                                "rebuild the dictionary with `nmt binarize`")
             symbols.append(symbol)
             counts.append(int(count))
+        return cls.checked(symbols, counts, str(path), "rebuild it with `nmt binarize`")
+
+    @classmethod
+    def checked(cls, symbols: list[str], counts: list[int], source: str, fix: str, unit: str = "line") -> Dictionary:
+        """A dictionary of symbols read from a file, refused (naming `source`, the `unit` number and
+        `fix`) unless the special symbols come first and every symbol is unique."""
         if tuple(symbols[: len(SPECIALS)]) != SPECIALS:
-            raise NmtError(f"{path} must start with the special symbols {' '.join(SPECIALS)}; "
-                           "rebuild it with `nmt binarize`")
+            raise NmtError(f"{source} must start with the special symbols {' '.join(SPECIALS)}; {fix}")
         seen: dict[str, int] = {}
         for number, symbol in enumerate(symbols, start=1):
             if symbol in seen:
-                raise NmtError(f"{path}, line {number}: symbol {symbol!r} already appears on line "
-                               f"{seen[symbol]}; every symbol must be unique")
+                raise NmtError(f"{source}, {unit} {number}: symbol {symbol!r} already appears on {unit} "
+                               f"{seen[symbol]}; every symbol must be unique ({fix})")
             seen[symbol] = number
         return cls(symbols, counts)
 

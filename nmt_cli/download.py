@@ -159,7 +159,7 @@ def _fetch_with_retries(url: str, part: Path, remote: Remote, retries: Retries) 
         before = _size(part)
         try:
             with _progress(remote.name) as advance:
-                _transfer(url, part, remote.bytes, retries.timeout_seconds, advance)
+                _transfer(url, part, remote, retries.timeout_seconds, advance)
             return
         except _Retry as e:
             failures = 0 if _size(part) > before else failures  # progress was made: not a failed try
@@ -173,9 +173,9 @@ def _fetch_with_retries(url: str, part: Path, remote: Remote, retries: Retries) 
             time.sleep(wait)
 
 
-def _transfer(url: str, part: Path, expected_bytes: int | None, timeout: float, advance: Any) -> None:
+def _transfer(url: str, part: Path, remote: Remote, timeout: float, advance: Any) -> None:
     """One attempt: continue `part` from where it stops. Raises _Retry for what may pass."""
-    offset = _size(part)
+    offset, expected_bytes = _size(part), remote.bytes
     if expected_bytes is not None and offset == expected_bytes:
         return  # a finished part whose rename was interrupted
     headers = {"User-Agent": f"nmt/{__version__}", "Accept-Encoding": "identity"}
@@ -189,11 +189,17 @@ def _transfer(url: str, part: Path, expected_bytes: int | None, timeout: float, 
     except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError) as e:
         raise _Retry(_reason(e)) from None
     with response:
-        offset, total = _start_offset(response, offset, url)
+        offset, total = _start_offset(response, offset, url, part)
         if expected_bytes is not None and total is not None and total != expected_bytes:
-            raise NmtError(f"{url} offers {total} bytes but {part.name.removesuffix('.part')} has "
+            raise NmtError(f"{url} offers {total} bytes but {remote.name} has "
                            f"{expected_bytes}: the server has another file; check the URL or --mirror")
         _copy_body(response, part, offset, total, advance)
+        checkable = any(v is not None for v in (remote.bytes, remote.sha256, remote.md5))
+        if total is None and not getattr(response, "chunked", False) and not checkable:
+            raise NmtError(f"{url} did not say how long {remote.name} is and no size or checksum of it is known, "
+                           f"so the {_size(part)} bytes received (kept in {part}) may be cut short; give its "
+                           f"sha256 with --checksums (a line 'HEX  {remote.name}') and run again, or download "
+                           "it by hand and pass --from FOLDER")
 
 
 def _http_error(e: urllib.error.HTTPError, url: str, part: Path, offset: int) -> None:
@@ -203,18 +209,20 @@ def _http_error(e: urllib.error.HTTPError, url: str, part: Path, offset: int) ->
             return
         part.unlink(missing_ok=True)
         raise _Retry("the partial download did not fit the file on the server; starting over")
+    reason = " ".join(str(e.reason).split())  # urllib's text for a redirect loop spans lines
     if e.code in (408, 429) or e.code >= 500:
-        raise _Retry(f"HTTP {e.code} {e.reason}")
-    raise NmtError(f"{url}: HTTP {e.code} {e.reason}; check the URL (or --mirror), or download the "
+        raise _Retry(f"HTTP {e.code} {reason}")
+    raise NmtError(f"{url}: HTTP {e.code} {reason}; check the URL (or --mirror), or download the "
                    "file by hand into a folder and pass --from FOLDER")
 
 
-def _start_offset(response: Any, offset: int, url: str) -> tuple[int, int | None]:
+def _start_offset(response: Any, offset: int, url: str, part: Path) -> tuple[int, int | None]:
     """Where the body starts in the file and the file's full size (None: not said)."""
     if offset and response.status == 206:
         match = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+|\*)", response.headers.get("Content-Range", "").strip())
         if match and int(match.group(1)) == offset:
             return offset, None if match.group(3) == "*" else int(match.group(3))
+        part.unlink(missing_ok=True)  # asking again would get the same answer
         raise _Retry(f"{url} answered the range request with another range; starting over")
     length = response.headers.get("Content-Length")
     return 0, int(length) if length and length.isdigit() else None  # 200: the whole file again
@@ -228,7 +236,7 @@ def _copy_body(response: Any, part: Path, offset: int, total: int | None, advanc
         with open(part, "ab") as f:
             while True:
                 try:
-                    chunk = response.read(CHUNK_BYTES)
+                    chunk = response.read1(CHUNK_BYTES)  # what has arrived: a stall loses nothing received
                 except (http.client.HTTPException, ConnectionError, TimeoutError, OSError) as e:
                     raise _Retry(_reason(e)) from None
                 if not chunk:

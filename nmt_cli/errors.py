@@ -5,6 +5,33 @@ file) raises :class:`NmtError` with a message that names the file and says what 
 prints the message without a traceback and exits with status 2; anything else is a bug.
 """
 
+from __future__ import annotations
+
+import errno
+
 
 class NmtError(Exception):
     """A problem with the user's input or environment, with the fix in the message."""
+
+
+_FIXES = {
+    errno.ENOENT: "check the path",
+    errno.EACCES: "check its permissions",
+    errno.EPERM: "check its permissions",
+    errno.EISDIR: "it is a folder: give a file",
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
+    errno.EEXIST: "a file is in the way: give a folder that is not a file",
+    errno.ENOSPC: "the disk is full: free some space or write elsewhere",
+    errno.EDQUOT: "the disk quota is used up: free some space or write elsewhere",
+    errno.EROFS: "the filesystem is read-only: write elsewhere",
+    errno.ENAMETOOLONG: "use a shorter path",
+}
+
+
+def from_os_error(e: OSError) -> NmtError:
+    """An operating-system error on a path the user gave (unreadable, a folder where a file belongs,
+    a full disk, ...) as a user error naming the path. For what no stage turned into its own message."""
+    path = e.filename2 if e.filename2 is not None else e.filename  # a rename's target, not its temporary file
+    reason = e.strerror or type(e).__name__
+    fix = _FIXES.get(e.errno, "check the path and that it can be read or written")
+    return NmtError(f"{path}: {reason}; {fix}" if path is not None else f"{reason}; {fix}")

@@ -16,9 +16,11 @@ from nmt_cli.stages import TrainConfig
 
 def paper_lr(update: int, d_model: int, warmup_updates: int, scale: float = 1.0) -> float:
     """``scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)`` (Vaswani et al. 2017, eq. 3):
-    linear warm-up for `warmup_updates` steps, then decay with the inverse square root of the step."""
+    linear warm-up for `warmup_updates` steps, then decay with the inverse square root of the step.
+    No warm-up (0) is the limit warmup -> 0 of the formula: the decay alone."""
     step = max(update, 1)
-    return scale * d_model**-0.5 * min(step**-0.5, step * warmup_updates**-1.5)
+    warm = step * warmup_updates**-1.5 if warmup_updates > 0 else math.inf
+    return scale * d_model**-0.5 * min(step**-0.5, warm)
 
 
 def inverse_sqrt_lr(update: int, peak_lr: float, warmup_updates: int, warmup_init_lr: float) -> float:

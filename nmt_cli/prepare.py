@@ -129,7 +129,8 @@ def _already_done(cfg: PrepareConfig) -> bool:
     if cfg.dataset != "local":
         return True
     inputs = read_manifest(cfg.out, "prepare", "nmt prepare").get("inputs", {})
-    return all(Path(r["path"]).is_file() and Path(r["path"]).stat().st_size == r["bytes"] for r in inputs.values())
+    return all(isinstance(r, dict) and isinstance(r.get("path"), str) and Path(r["path"]).is_file()
+               and Path(r["path"]).stat().st_size == r.get("bytes") for r in inputs.values())
 
 
 # ---------------------------------------------------------------------------------------------

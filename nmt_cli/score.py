@@ -30,7 +30,7 @@ from typing import Any
 from sacrebleu.metrics import BLEU, CHRF
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
-from nmt_cli.artifacts import atomic_write_text, read_lines
+from nmt_cli.artifacts import atomic_write_text, check_output_file, read_lines
 from nmt_cli.errors import NmtError
 from nmt_cli.stages import ScoreConfig
 
@@ -105,10 +105,9 @@ def _reference(cfg: ScoreConfig) -> Path:
 def _target_lang(cfg: ScoreConfig, ref: Path) -> tuple[str, str]:
     """(target language for the Moses tokenizer, a note on how it was chosen)."""
     if cfg.langpair is not None:
-        src, sep, tgt = cfg.langpair.partition("-")
-        if not sep or not src or not tgt:
+        if not re.fullmatch(r"[A-Za-z0-9_]+-[A-Za-z0-9_]+", cfg.langpair):  # codes name tokenizer data files
             raise NmtError(f"--langpair must look like en-de, got {cfg.langpair!r}")
-        return tgt, ""
+        return cfg.langpair.partition("-")[2], ""
     suffix = ref.suffix.lstrip(".")
     if re.fullmatch(r"[a-z]{2}", suffix):
         return suffix, f" (target language {suffix} from the reference's file name; --langpair sets it)"
@@ -117,15 +116,18 @@ def _target_lang(cfg: ScoreConfig, ref: Path) -> tuple[str, str]:
 
 def run(cfg: ScoreConfig) -> None:
     hyp_path = Path(cfg.hyp)
+    out_json = Path(cfg.out_json) if cfg.out_json is not None else hyp_path.with_name(hyp_path.name + ".scores.json")
+    check_output_file(out_json, "--json")
     ref_path = _reference(cfg)
+    target_lang, lang_note = _target_lang(cfg, ref_path)
     hyps, refs = list(read_lines(hyp_path)), list(read_lines(ref_path))
     if len(hyps) != len(refs):
         raise NmtError(f"{hyp_path} has {len(hyps)} lines but the reference {ref_path} has {len(refs)}; "
                        "each hypothesis line must translate the same line of the reference")
-    target_lang, lang_note = _target_lang(cfg, ref_path)
+    if not hyps:
+        raise NmtError(f"{hyp_path} and {ref_path} are empty: there is nothing to score")
     scores = compute_scores(hyps, refs, target_lang, cfg.tokenize)
     report = {"hyp": str(hyp_path), "ref": str(ref_path), "segments": len(hyps), "target_lang": target_lang, **scores}
-    out_json = Path(cfg.out_json) if cfg.out_json is not None else hyp_path.with_name(hyp_path.name + ".scores.json")
     atomic_write_text(out_json, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     s, c, t = scores["sacrebleu"], scores["chrf"], scores["tokenized_bleu"]
     print(f"sacreBLEU       {s['score']:6.2f}  {s['signature']}  <- compare with sacreBLEU tables\n"

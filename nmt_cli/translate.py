@@ -28,7 +28,8 @@ import sentencepiece as spm
 import torch
 
 from nmt_cli import checkpoint
-from nmt_cli.artifacts import atomic_writer, count_lines
+from nmt_cli.artifacts import atomic_writer, check_output_file, count_lines
+from nmt_cli.bpe import sentencepiece_processor
 from nmt_cli.data import EOS, Dictionary
 from nmt_cli.errors import NmtError
 from nmt_cli.model import Transformer
@@ -70,14 +71,27 @@ class Translator:
 
     def encode(self, text: str, number: int) -> list[int]:
         """Source ids with EOS, truncated (with a warning) to the model's max_positions."""
-        pieces = text.split() if self.cfg.input_format == "pieces" else self.sp.encode(text, out_type=str)
-        ids = self.dictionary.encode(pieces)
         limit = self.model.cfg.max_positions - 1
+        ids = self.dictionary.encode(self._pieces(text, limit))
         if len(ids) > limit:
-            self.warn(f"line {number}: {len(ids)} pieces, more than the model's max_positions "
-                      f"({limit + 1} with EOS); translating only the first {limit}")
+            self.warn(f"line {number}: more pieces than the model's max_positions ({limit + 1} with EOS); "
+                      f"translating only the first {limit}")
             ids = ids[:limit]
-        return [*ids, EOS]
+        return ids + [EOS]
+
+    def _pieces(self, text: str, limit: int) -> list[str]:
+        """The pieces of `text`; of a line far longer than the model reads, only those of a prefix of
+        whole words that already gives more than `limit` pieces (they equal the first pieces of the
+        whole line: sentencepiece splits at spaces), so a 5 MB line costs what a short one does."""
+        if self.cfg.input_format == "pieces":
+            return text.split()
+        budget = 64 * (limit + 1)  # characters: far more than `limit` pieces need
+        cut = text.rfind(" ", 0, budget) if len(text) > 2 * budget else -1
+        if cut > 0:
+            pieces = self.sp.encode(text[:cut], out_type=str)
+            if len(pieces) > limit:
+                return pieces
+        return self.sp.encode(text, out_type=str)
 
     def decode(self, tokens: Sequence[int]) -> str:
         pieces = self.dictionary.decode(tokens)
@@ -159,7 +173,10 @@ def _check(cfg: TranslateConfig) -> None:
     if cfg.max_tokens < 1 or cfg.chunk_lines < 1:
         raise NmtError("max_tokens and chunk_lines must be at least 1")
     if cfg.input is not None and not Path(cfg.input).is_file():
-        raise NmtError(f"input file {cfg.input} does not exist")
+        what = "is a folder" if Path(cfg.input).is_dir() else "does not exist"
+        raise NmtError(f"input file {cfg.input} {what}; give a text file (or leave --input out to read stdin)")
+    if cfg.output is not None:
+        check_output_file(cfg.output, "--output")
 
 
 def keep_freed_memory() -> None:
@@ -189,11 +206,8 @@ def load_translator(cfg: TranslateConfig, warn: Warn) -> Translator:
     elif cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     model, dictionary, spm_bytes = checkpoint.load_model(cfg.model, device)
-    sp = spm.SentencePieceProcessor()
-    try:
-        sp.LoadFromSerializedProto(spm_bytes)
-    except (RuntimeError, OSError) as e:
-        raise NmtError(f"{cfg.model}: its sentencepiece model cannot be read ({e})") from None
+    sp = sentencepiece_processor(spm_bytes, f"the sentencepiece model inside {cfg.model}",
+                                 "the file is damaged or was not written by nmt")
     return Translator(model.to(dtype), dictionary, sp, cfg, warn, workers)
 
 

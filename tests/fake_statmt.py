@@ -1,8 +1,7 @@
 """A stand-in for statmt.org on 127.0.0.1, and WMT14 archives in the layout of the real ones.
 
 `FakeStatmt` serves bytes by URL path with HTTP Range support, records every request, and can be
-told to fail the next requests for a path in scripted ways ("cut", "500", "drop", "ignore-range",
-"wrong", "stall"). `wmt14_archives` builds small archives with the real archive names and member paths
+told to fail the next requests for a path in scripted ways (see FAULTS), and redirects paths. `wmt14_archives` builds small archives with the real archive names and member paths
 (training text from the shared data, the real newstest2014 SGML files, newstest2013 as in dev.tgz).
 """
 
@@ -19,12 +18,18 @@ from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-FAULTS = ("cut", "500", "drop", "ignore-range", "wrong", "stall")
+# cut: half the promised bytes, then close; 500/404: that status; drop: close without an answer;
+# ignore-range: the whole file (200) to a range request; wrong: the right size, one byte changed;
+# stall: answer after 1 s; stall-body: half the body, then 1 s of silence; no-length: no Content-Length,
+# half the body, then close (the client cannot tell it is short); bad-range: a range request answered
+# with 206 for a range that starts elsewhere.
+FAULTS = ("cut", "500", "404", "drop", "ignore-range", "wrong", "stall", "stall-body", "no-length", "bad-range")
 
 
 class FakeStatmt:
-    def __init__(self, files: dict[str, bytes]) -> None:
+    def __init__(self, files: dict[str, bytes], redirects: dict[str, str] | None = None) -> None:
         self.files = dict(files)  # URL path (e.g. /wmt14/dev.tgz) -> content
+        self.redirects = dict(redirects or {})  # URL path -> where a 302 sends the client
         self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
         self.faults: dict[str, list[str]] = defaultdict(list)  # path -> faults for its next requests
         self.lock = threading.Lock()
@@ -68,8 +73,14 @@ def _handler(site: FakeStatmt) -> type[BaseHTTPRequestHandler]:
             with site.lock:
                 site.requests.append((self.path, self.headers.get("Range")))
                 fault = site.faults[self.path].pop(0) if site.faults[self.path] else None
+            if self.path in site.redirects:
+                self.send_response(302)
+                self.send_header("Location", site.redirects[self.path])
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             body = site.files.get(self.path)
-            if body is None:
+            if body is None or fault == "404":
                 self.send_error(404)
                 return
             if fault == "500":
@@ -83,8 +94,13 @@ def _handler(site: FakeStatmt) -> type[BaseHTTPRequestHandler]:
             if fault == "wrong":  # same size, one byte changed: only a checksum notices
                 middle = len(body) // 2
                 body = body[:middle] + bytes([body[middle] ^ 0xFF]) + body[middle + 1:]
-            start = _range_start(self.headers.get("Range"))
-            if start is not None and fault != "ignore-range":
+            self._send(body, _range_start(self.headers.get("Range")), fault)
+
+        def _send(self, body: bytes, start: int | None, fault: str | None) -> None:
+            if start is not None and fault == "bad-range":  # 206, but for the whole file
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes 0-{len(body) - 1}/{len(body)}")
+            elif start is not None and fault != "ignore-range":
                 if start >= len(body):
                     self.send_response(416)
                     self.send_header("Content-Range", f"bytes */{len(body)}")
@@ -96,11 +112,14 @@ def _handler(site: FakeStatmt) -> type[BaseHTTPRequestHandler]:
                 body = body[start:]
             else:
                 self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
+            if fault != "no-length":
+                self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            if fault == "cut":  # half the promised bytes, then the connection closes
+            if fault in ("cut", "no-length", "stall-body"):  # half the bytes, then close (after a pause)
                 self.wfile.write(body[: len(body) // 2])
                 self.wfile.flush()
+                if fault == "stall-body":
+                    time.sleep(1.0)
                 self.close_connection = True
                 return
             self.wfile.write(body)

@@ -13,23 +13,31 @@ from fake_statmt import tar_bytes
 from nmt_cli.archive import MARKER, extract
 from nmt_cli.errors import NmtError
 
+HOSTILE_NAMES = {"absolute": "/tmp/nmt-evil-absolute", "dotdot": "training/../../escaped.txt",
+                 "backslash": "training\\..\\..\\escaped.txt", "drive": "C:/nmt-evil.txt",
+                 "pax-dotdot": "training/harmless.txt", "symlink": "training/link", "symlink-absolute": "training/abs",
+                 "hardlink": "training/hard", "hardlink-inside": "training/twin", "device": "training/dev",
+                 "fifo": "training/fifo"}
+
 
 def hostile_tar(path: Path, kind: str) -> Path:
     """A tarball with the wanted member first, then one hostile member of `kind`."""
-    with tarfile.open(path, "w:gz") as tar:
+    with tarfile.open(path, "w:gz", format=tarfile.PAX_FORMAT) as tar:
         good = tarfile.TarInfo("training/wanted.en")
         good.size = 6
         tar.addfile(good, io.BytesIO(b"hello\n"))
-        evil = tarfile.TarInfo({"absolute": "/tmp/nmt-evil-absolute", "dotdot": "training/../../escaped.txt",
-                                "symlink": "training/link", "hardlink": "training/hard",
-                                "device": "training/dev"}[kind])
+        evil = tarfile.TarInfo(HOSTILE_NAMES[kind])
         match kind:
-            case "symlink":
-                evil.type, evil.linkname = tarfile.SYMTYPE, "../../outside.txt"
-            case "hardlink":
-                evil.type, evil.linkname = tarfile.LNKTYPE, "/etc/passwd"
+            case "symlink" | "symlink-absolute":
+                evil.type, evil.linkname = tarfile.SYMTYPE, "../../outside.txt" if kind == "symlink" else "/etc"
+            case "hardlink" | "hardlink-inside":
+                evil.type, evil.linkname = tarfile.LNKTYPE, "/etc/passwd" if kind == "hardlink" else "training/wanted.en"
             case "device":
                 evil.type = tarfile.CHRTYPE
+            case "fifo":
+                evil.type = tarfile.FIFOTYPE
+            case "pax-dotdot":  # a harmless ustar name, overridden by the PAX header's path on reading
+                evil.size, evil.pax_headers = 5, {"path": "../../pax-escaped.txt"}
             case _:
                 evil.size = 5
         tar.addfile(evil, io.BytesIO(b"evil\n") if evil.isfile() else None)
@@ -37,8 +45,10 @@ def hostile_tar(path: Path, kind: str) -> Path:
 
 
 @pytest.mark.parametrize("kind, reason", [
-    ("absolute", "absolute path"), ("dotdot", "'..' component"), ("symlink", "symbolic link"),
-    ("hardlink", "hard link"), ("device", "device"),
+    ("absolute", "absolute path"), ("dotdot", "'..' component"), ("backslash", "'..' component"),
+    ("drive", "absolute path"), ("pax-dotdot", "'..' component"), ("symlink", "symbolic link"),
+    ("symlink-absolute", "symbolic link"), ("hardlink", "hard link"), ("hardlink-inside", "hard link"),
+    ("device", "device"), ("fifo", "device or pipe"),
 ])
 def test_hostile_members_are_refused_and_nothing_escapes(tmp_path: Path, kind: str, reason: str) -> None:
     archive = hostile_tar(tmp_path / "evil.tgz", kind)
@@ -79,3 +89,17 @@ def test_a_missing_member_or_a_broken_archive_is_a_clear_error(tmp_path: Path) -
     archive.write_bytes(archive.read_bytes()[:40])
     with pytest.raises(NmtError, match="not a readable tar archive"):
         extract(archive, ["training/a.en"], tmp_path / "y")
+
+
+def test_a_symlink_planted_in_the_target_folder_is_not_followed(tmp_path: Path) -> None:
+    """A benign archive, but the extraction folder already holds a link out of it (left by another
+    tool or a hostile earlier archive): nothing is written through the link."""
+    archive = tmp_path / "a.tgz"
+    archive.write_bytes(tar_bytes({"training/a.en": b"a\n"}))
+    outside, target = tmp_path / "outside", tmp_path / "x"
+    outside.mkdir()
+    target.mkdir()
+    (target / "training").symlink_to(outside)
+    with pytest.raises(NmtError, match="would be written outside"):
+        extract(archive, ["training/a.en"], target)
+    assert list(outside.iterdir()) == []

@@ -35,7 +35,7 @@ def test_unknown_key_names_the_closest(tmp_path: Path) -> None:
     yaml_file.write_text("vocab_sise: 8000\n")
     with pytest.raises(NmtError, match="did you mean 'vocab_size'"):
         resolve(BpeConfig, yaml_file, {"raw": "r", "out": "o"})
-    with pytest.raises(NmtError, match="did you mean 'dropout'"):
+    with pytest.raises(NmtError, match="did you mean 'model.dropout'"):
         resolve(TrainConfig, None, {"data": "d", "save_dir": "s"}, ["model.dropuot=0.1"])
 
 
@@ -52,6 +52,30 @@ def test_yaml_with_wrong_types_is_refused(tmp_path: Path, text: str, message: st
     yaml_file.write_text(text)
     with pytest.raises(NmtError, match=message):
         resolve(BpeConfig, yaml_file, {"raw": "r", "out": "o"})
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["lr=nan"], "'lr' must be a finite number"),
+    (["max_time_hours=inf"], "finite"),
+    (["max_tokens=0"], "'max_tokens' must be at least 1; got 0"),
+    (["model.dropout=1"], "'model.dropout' must be below 1"),
+    (["adam_betas=0.9,1.5"], "'adam_betas' must be below 1"),
+    (["model.heads=3"], "divisible by model.heads"),
+    (["model.d_model=25", "model.heads=5"], "must be even"),
+])
+def test_values_outside_their_range_are_refused(sets: list[str], message: str) -> None:
+    with pytest.raises(NmtError, match=message):
+        resolve(TrainConfig, None, {"data": "d", "save_dir": "s"}, sets)
+
+
+def test_yaml_keys_must_be_words_and_a_group_is_checked_once_complete(tmp_path: Path) -> None:
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("1: 2\n")
+    with pytest.raises(NmtError, match="option names are words, got 1"):
+        resolve(BpeConfig, yaml_file, {"raw": "r", "out": "o"})
+    yaml_file.write_text("model:\n  heads: 6\n")  # 512 % 6 != 0 alone, fine with the d_model set below
+    cfg = resolve(TrainConfig, yaml_file, {"data": "d", "save_dir": "s"}, ["model.d_model=768"])
+    assert (cfg.model.d_model, cfg.model.heads) == (768, 6)
 
 
 def test_literal_choices_are_checked() -> None:

@@ -145,3 +145,79 @@ def test_checksums_file_adds_and_replaces_entries(tmp_path: Path) -> None:
     sums.write_text("not-a-checksum  file.tgz\n")
     with pytest.raises(NmtError, match="SUMS, line 1: expected"):
         read_checksums(sums)
+
+
+# ---------------------------------------------------------------------------------------------
+# More faults: stalls inside the body, redirects, odd range answers, bodies of unknown length
+
+
+def test_a_server_that_stalls_inside_the_file_times_out_and_the_rest_is_resumed(site: FakeStatmt, tmp_path: Path) -> None:
+    site.fail(PATH, "stall-body")
+    path, _ = download(remote(site.url), tmp_path, Retries(attempts=2, timeout_seconds=0.2, wait_seconds=0.01))
+    assert path.read_bytes() == CONTENT
+    assert site.requests_for(PATH) == [None, f"bytes={len(CONTENT) // 2}-"]
+
+
+def test_a_redirect_is_followed_and_a_resumed_request_keeps_its_range(tmp_path: Path) -> None:
+    with FakeStatmt({PATH: CONTENT}, redirects={"/old/file.tgz": PATH}) as server:
+        server.fail(PATH, "cut")
+        path, record = download(Remote("file.tgz", server.url + "/old/file.tgz"), tmp_path, FAST)
+        assert path.read_bytes() == CONTENT and record["bytes"] == len(CONTENT)
+        assert server.requests_for(PATH) == [None, f"bytes={len(CONTENT) // 2}-"]
+
+
+def test_a_redirect_loop_is_a_clear_error_and_leaves_nothing(tmp_path: Path) -> None:
+    with FakeStatmt({}, redirects={"/a.tgz": "/b.tgz", "/b.tgz": "/a.tgz"}) as server, \
+            pytest.raises(NmtError, match=r"a.tgz: HTTP 30\d.*check the URL"):
+        download(Remote("a.tgz", server.url + "/a.tgz"), tmp_path, FAST)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_range_answered_with_another_range_starts_over(site: FakeStatmt, tmp_path: Path) -> None:
+    """Asking again would get the same wrong range: the part is dropped and the file fetched whole."""
+    site.fail(PATH, "cut", "bad-range")
+    path, _ = download(remote(site.url, sha256=hashlib.sha256(CONTENT).hexdigest()), tmp_path, FAST)
+    assert path.read_bytes() == CONTENT
+    assert site.requests_for(PATH) == [None, f"bytes={len(CONTENT) // 2}-", None]
+
+
+def test_a_part_longer_than_the_file_starts_over(site: FakeStatmt, tmp_path: Path) -> None:
+    (tmp_path / "file.tgz.part").write_bytes(CONTENT + b"tail of another file")
+    path, _ = download(remote(site.url), tmp_path, FAST)
+    assert path.read_bytes() == CONTENT
+    assert site.requests_for(PATH) == [f"bytes={len(CONTENT) + 20}-", None]
+
+
+def test_a_body_of_unknown_length_is_never_taken_as_complete(site: FakeStatmt, tmp_path: Path) -> None:
+    """No Content-Length, the connection closes after half the file: without a size or checksum the
+    download cannot be told from a cut one, so it stays a .part and the error says how to go on."""
+    site.fail(PATH, "no-length")
+    with pytest.raises(NmtError, match=r"did not say how long file.tgz is.*--checksums"):
+        download(remote(site.url), tmp_path, FAST)
+    assert [p.name for p in tmp_path.iterdir()] == ["file.tgz.part"]
+    path, _ = download(remote(site.url, sha256=hashlib.sha256(CONTENT).hexdigest()), tmp_path, FAST)
+    assert path.read_bytes() == CONTENT  # with the checksum the part is resumed and verified
+    assert site.requests_for(PATH)[-1] == f"bytes={len(CONTENT) // 2}-"
+
+
+@pytest.mark.parametrize("faults, known, attempts, message", [
+    (["500"] * 4, {}, 4, "after 4 attempts"),
+    (["404"], {}, 4, "HTTP 404"),
+    (["drop"] * 4, {}, 4, "after 4 attempts"),
+    (["stall-body"], {}, 1, "after 1 attempts"),
+    (["cut"], {}, 1, "after 1 attempts"),  # fewer bytes than its Content-Length
+    (["no-length"], {}, 4, "did not say how long"),
+    (["no-length"], {"sha256": hashlib.sha256(CONTENT).hexdigest()}, 4, "does not match the known sha256"),
+    (["wrong"], {"sha256": hashlib.sha256(CONTENT).hexdigest()}, 4, "does not match the known sha256"),
+    (["cut"], {"bytes": len(CONTENT) + 1}, 4, "offers"),
+])
+def test_no_failed_download_leaves_a_file_that_a_later_from_run_accepts(
+        site: FakeStatmt, tmp_path: Path, faults: list[str], known: dict, attempts: int, message: str) -> None:
+    site.fail(PATH, *faults)
+    downloads = tmp_path / "downloads"
+    with pytest.raises(NmtError, match=message) as error:
+        download(remote(site.url, **known), downloads, Retries(attempts, timeout_seconds=0.2, wait_seconds=0.01))
+    assert "file.tgz" in str(error.value)
+    assert not (downloads / "file.tgz").exists()  # only a .part, whose name no run takes for an archive
+    with pytest.raises(NmtError, match="lacks 1 file"):
+        from_folder([remote(site.url, **known)], downloads)

@@ -26,6 +26,11 @@ def test_paper_schedule_shape() -> None:
     assert max(paper_lr(s, 512, 4000) for s in range(1, 20000, 7)) <= peak
 
 
+def test_paper_schedule_without_warmup_is_the_decay_alone() -> None:
+    for step in (1, 10, 4000):
+        assert paper_lr(step, 512, 0) == pytest.approx(512**-0.5 * step**-0.5, rel=1e-12)
+
+
 def test_inverse_sqrt_schedule() -> None:
     assert inverse_sqrt_lr(0, 7e-4, 4000, 1e-7) == pytest.approx(1e-7)
     assert inverse_sqrt_lr(2000, 7e-4, 4000, 1e-7) == pytest.approx((1e-7 + 7e-4) / 2)
