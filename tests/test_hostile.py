@@ -316,7 +316,7 @@ refused("binarize", "input_of_another_stage", lambda w, tmp: binarize_args(w.raw
 refused("binarize", "dictionary_duplicate_symbol", dictionary(b"duplicate"), "already appears on line")
 refused("binarize", "dictionary_empty", dictionary(b""), "special symbols")
 refused("binarize", "dictionary_invalid_utf8", dictionary(b"<pad> 0\n<s> 0\n</s> 0\n<unk> 0\n\xff 1\n"), "invalid UTF-8")
-refused("binarize", "dictionary_is_a_folder", dictionary(None), "Is a directory")
+refused("binarize", "dictionary_is_a_folder", dictionary(None), "is a folder, not a file")
 refused("binarize", "dictionary_missing", lambda w, tmp: binarize_args(w.bpe, tmp, "--dictionary", tmp / "no"),
         "does not exist")
 refused("binarize", "invalid_utf8", hostile_text(lambda w: w.bpe, "invalid_utf8", binarize_args), "not UTF-8")
@@ -459,7 +459,7 @@ refused("score", "empty", against_plain_reference("empty"), "nothing to score")
 refused("score", "invalid_utf8", against_plain_reference("invalid_utf8"), "line 2: invalid UTF-8")
 refused("score", "mismatched_lines", lambda w, tmp: score_args(w.texts["crlf"], w.texts["blank_lines"], tmp),
         "crlf.txt has 3 lines but the reference", "has 5")
-refused("score", "hyp_is_a_folder", lambda w, tmp: score_args(tmp, w.texts["crlf"], tmp), "Is a directory")
+refused("score", "hyp_is_a_folder", lambda w, tmp: score_args(tmp, w.texts["crlf"], tmp), "is a folder, not a file")
 refused("score", "hyp_missing", lambda w, tmp: score_args(tmp / "nothing", w.texts["crlf"], tmp), "does not exist")
 refused("score", "json_is_a_folder", lambda w, tmp: score_args(w.texts["crlf"], w.texts["crlf"], tmp, out=tmp),
         "--json", "is a folder")

@@ -44,7 +44,7 @@ def readme_commands() -> list[str]:
 
 def quickstart_commands() -> list[str]:
     script = (REPO / "recipes" / "quickstart.sh").read_text(encoding="utf-8")
-    return [line.replace('"$WORK"', "runs/quickstart") for line in script.splitlines() if line.startswith("nmt ")]
+    return [re.sub(r'"\$WORK([^"]*)"', r"runs/quickstart\1", line) for line in script.splitlines() if line.startswith("nmt ")]
 
 
 @pytest.fixture(scope="module")
