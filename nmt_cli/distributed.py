@@ -177,7 +177,7 @@ def lost_peer(error: BaseException) -> bool:
     """True when a collective failed because another worker died (gloo: its connection closed or was
     reset; NCCL: the communicator was aborted): that worker's output says why, this one has nothing to add."""
     text = str(error)
-    return isinstance(error, dist.DistError) or (isinstance(error, RuntimeError) and any(
+    return isinstance(error, dist.DistNetworkError) or (isinstance(error, RuntimeError) and any(
         sign in text for sign in ("Connection closed by peer", "Connection reset by peer", "communicator was aborted")))
 
 

@@ -140,6 +140,33 @@ def _backward(trainer: Trainer, loss: Tensor, sync: bool, fault_at: tuple[int, i
     return False
 
 
+def is_out_of_memory(error: BaseException) -> bool:
+    """A GPU out-of-memory error, or the CPU allocator's ("can't allocate memory")."""
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
+
+
+def free_cached_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def out_of_memory_in_sync(cfg: TrainConfig, rank: int) -> NmtError:
+    return NmtError(f"out of memory in the gradient-synchronising backward pass on rank {rank} (max_tokens="
+                    f"{cfg.max_tokens}): the other workers are already exchanging gradients, so this micro-batch "
+                    "cannot be skipped. Lower --max-tokens (tokens_per_update stays) and rerun the same command "
+                    "to resume from checkpoint_last.pt")
+
+
+def check_out_of_memory(cfg: TrainConfig, c: Counters, saved_update: int) -> None:
+    """Stop when more than `max_oom_fraction` of the micro-batches so far were dropped (one never does)."""
+    if c.oom_micro_batches > max(1.0, cfg.max_oom_fraction * c.micro_batches):
+        raise NmtError(f"update {c.update + 1}: {c.oom_micro_batches} of {c.micro_batches} micro-batches so far "
+                       f"ran out of memory and were skipped, more than max_oom_fraction={cfg.max_oom_fraction:g}. "
+                       f"Lower --max-tokens (now {cfg.max_tokens}; tokens_per_update stays, with more micro-batches "
+                       f"per update) and rerun to resume; {last_checkpoint(cfg, saved_update)}")
+
+
 def try_largest_batch(trainer: Trainer) -> str:
     """The dry run's memory check: forward, backward and one optimiser step (learning rate 0) of the
     largest batches on one device, as a worker would run them. A report, or an NmtError when one
@@ -151,31 +178,160 @@ def try_largest_batch(trainer: Trainer) -> str:
         out = _forward(trainer, ids, (0, i))
         if out is None or not _backward(trainer, out[0] / max(float(out[2]), 1.0), True, (0, i)):
             tokens = int(trainer.data.train.tgt.sizes[ids].sum()) + len(ids)
-            raise NmtError(f"a batch of {len(ids)} sentences ({tokens} target tokens) does not fit in the memory of {device} with max_tokens={cfg.max_tokens} and "
-                           f"precision {trainer.precision}: lower --max-tokens (tokens_per_update stays)")
+            raise NmtError(f"a batch of {len(ids)} sentences ({tokens} target tokens) does not fit in the memory "
+                           f"of {device} with max_tokens={cfg.max_tokens} and precision {trainer.precision}: lower "
+                           "--max-tokens (tokens_per_update stays)")
         trainer.scaler.step(trainer.optimizer)  # allocates Adam's moments; a learning rate of 0 moves nothing
         trainer.scaler.update()
         trainer.optimizer.zero_grad(set_to_none=True)
     gradients = sum(p.numel() * 4 for p in trainer.model.parameters()) / 2**20
     if device.type == "cuda":
-        used = f"peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB of " \
-               f"{torch.cuda.get_device_properties(device).total_memory / 2**30:.1f} GiB"
-    else:
+        total = torch.cuda.get_device_properties(device).total_memory
+        used = f"peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB of {total / 2**30:.1f} GiB"
+    else:  # ru_maxrss is in KiB on Linux
         used = f"peak resident memory of this process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB"
     return (f"largest batch: fits on {device} (forward, backward and optimizer step; max_tokens={cfg.max_tokens}, "
             f"precision {trainer.precision}): {used}; under DDP each GPU also holds about {gradients:,.0f} MiB of "
             "gradient buckets")
 
 
-def is_out_of_memory(error: BaseException) -> bool:
-    """A GPU out-of-memory error, or the CPU allocator's ("can't allocate memory")."""
-    return isinstance(error, torch.OutOfMemoryError) or (
-        isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
+# ---------------------------------------------------------------------------------------------
+# Non-finite values
 
 
-def free_cached_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+@dataclasses.dataclass(frozen=True)
+class Health:
+    """What every rank knows of one update after the all-reduce."""
+
+    loss_bad_ranks: int  # ranks whose loss sum was NaN or infinite
+    grad_bad_ranks: int  # ranks whose gradient norm was
+    oom_micro_batches: int  # micro-batches dropped for lack of memory, all ranks
+    world_size: int
+
+    @property
+    def finite(self) -> bool:
+        return self.loss_bad_ranks == 0 and self.grad_bad_ranks == 0
+
+    def describe(self) -> str:
+        return (f"non-finite loss on {self.loss_bad_ranks} and non-finite gradients on {self.grad_bad_ranks} "
+                f"of {self.world_size} rank(s)")
+
+
+def update_loss_scale(scaler: torch.amp.GradScaler, finite: bool, finite_here: bool) -> None:
+    """fp16: GradScaler's own rule where this rank's gradients showed what all ranks decided; where
+    only another rank (or a loss) was non-finite, the same backoff by hand: the scales stay equal."""
+    if finite or not finite_here or not scaler.is_enabled():
+        scaler.update()
+    else:
+        scaler.update(scaler.get_scale() * scaler.get_backoff_factor())
+
+
+def report(log: TrainLog, number: int, health: Health, c: Counters, cfg: TrainConfig,
+           scaler: torch.amp.GradScaler) -> None:
+    """A warning line for a skipped update and for micro-batches dropped for lack of memory."""
+    if not health.finite:
+        limit = (f"fp16 loss scale now {scaler.get_scale():g}, the run stops below {cfg.min_loss_scale:g}"
+                 if scaler.is_enabled() else f"the run stops after {cfg.max_bad_updates}")
+        log.warn(f"update {number}: skipped, {health.describe()} ({c.bad_updates} in a row; {limit})")
+    if health.oom_micro_batches:
+        log.warn(f"update {number}: {health.oom_micro_batches} micro-batch(es) ran out of memory and were "
+                 f"skipped ({c.oom_micro_batches} of {c.micro_batches} so far)")
+
+
+def check_nonfinite(cfg: TrainConfig, c: Counters, health: Health, scale: float | None,
+                    where: Callable[[], str], saved_update: int) -> None:
+    """Stop the run when skipped updates are no longer a passing accident. `scale` is the fp16 loss
+    scale (None otherwise); `where()` locates the non-finite values (a collective, called on all ranks
+    alike since they share `health`)."""
+    if health.finite:
+        return
+    attempt = c.update + 1
+    if scale is not None and scale < cfg.min_loss_scale:
+        raise NmtError(f"update {attempt}: the fp16 loss scale fell to {scale:g}, below min_loss_scale="
+                       f"{cfg.min_loss_scale:g}: the gradients overflow again and again ({health.describe()}; "
+                       f"{where()}). Train with --precision bf16 or fp32, or lower the learning rate; "
+                       f"{last_checkpoint(cfg, saved_update)}")
+    if scale is None and c.bad_updates > cfg.max_bad_updates:
+        raise NmtError(f"update {attempt}: {c.bad_updates} updates in a row were skipped for non-finite values "
+                       f"(this one: {health.describe()}); {where()}. Lower the learning rate (or raise "
+                       f"warmup_updates) and rerun to resume; {last_checkpoint(cfg, saved_update)}")
+
+
+def locate_nonfinite(model: nn.Module, ctx: distributed.Context) -> str:
+    """Where the first non-finite value is, searched on every rank (a collective: all ranks call it)."""
+    found = distributed.all_gather(first_nonfinite(model), ctx)
+    for rank, where in enumerate(found):
+        if where is not None:
+            return f"the first non-finite values in module order are in {where}" + (
+                f" on rank {rank}" if ctx.distributed else "")
+    return "no parameter or gradient holds a non-finite value: the loss itself was (look at the data)"
+
+
+def first_nonfinite(model: nn.Module) -> str | None:
+    """The first parameter or gradient, in module order, that holds a NaN or an infinity, named."""
+    for name, p in model.named_parameters():
+        if not bool(torch.isfinite(p).all()):
+            return f"{name} (its value)"
+        if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+            return f"{name} (its gradient)"
+    return None
+
+
+def last_checkpoint(cfg: TrainConfig, saved_update: int) -> str:
+    if saved_update < 0:
+        return "no checkpoint was saved yet"
+    return f"the last good checkpoint is {cfg.save_dir}/checkpoint_last.pt (update {saved_update})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Workers
+
+
+def check_replicas(model: nn.Module, scale: float, update: int, ctx: distributed.Context) -> None:
+    """Stop when the ranks' weights, loss scale or update count differ: under DDP they stay bitwise
+    equal, so a difference is a bug or a hardware fault, and saving rank 0's state would hide it."""
+    if not ctx.distributed:
+        return
+    sums = torch.stack([p.detach().sum(dtype=torch.float64) for p in model.parameters()])
+    prints = distributed.all_gather(np.array([update, scale, *sums.tolist()]), ctx)
+    differing = [rank for rank, other in enumerate(prints) if not np.array_equal(other, prints[0], equal_nan=True)]
+    if differing:
+        raise NmtError(f"update {update}: the workers' weights have drifted apart (rank(s) {differing} differ from "
+                       "rank 0), which DDP never allows: a bug or a hardware fault. Rerun to resume from the last "
+                       "checkpoint, and report it if it happens again")
+
+
+@contextlib.contextmanager
+def worker_errors(cfg: TrainConfig, ctx: distributed.Context) -> Iterator[None]:
+    """How a training process ends on an error: out of memory outside a micro-batch becomes the user
+    error it is; a worker other than rank 0 reports its user error itself (rank 0 mostly meets the
+    same one; torchrun stops the rest); a worker whose peer died says so in one line."""
+    try:
+        try:
+            yield
+        except RuntimeError as e:  # micro-batches recover (forward_backward); validation or a step may not
+            if not is_out_of_memory(e):
+                raise
+            raise NmtError(f"out of memory outside a training micro-batch (validation, an optimizer step) with "
+                           f"max_tokens={cfg.max_tokens} on {ctx.device}: lower --max-tokens (tokens_per_update "
+                           "stays) and rerun the same command to resume from checkpoint_last.pt") from None
+    except NmtError as e:
+        if ctx.is_main:
+            raise
+        time.sleep(5)
+        print(f"error (rank {ctx.rank}): {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    except Exception as e:
+        if not (ctx.distributed and distributed.lost_peer(e)):
+            raise
+        print(f"error (rank {ctx.rank}): lost contact with another worker, which stopped (its output says why; "
+              f"here: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}); rerun the same command, or use "
+              f"--max-restarts, to resume from {cfg.save_dir}/checkpoint_last.pt", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Test-only hooks
 
 
 @dataclasses.dataclass
@@ -212,150 +368,7 @@ class Faults:
                                          f"{micro} of update attempt {attempt}")
 
 
-@contextlib.contextmanager
-def worker_errors(cfg: TrainConfig, ctx: distributed.Context) -> Iterator[None]:
-    """How a training process ends on an error: out of memory outside a micro-batch becomes the user
-    error it is; a worker other than rank 0 reports its user error itself (rank 0 mostly meets the
-    same one; torchrun stops the rest); a worker whose peer died says so in one line."""
-    try:
-        try:
-            yield
-        except RuntimeError as e:  # micro-batches recover (forward_backward); validation or a step may not
-            if not is_out_of_memory(e):
-                raise
-            raise NmtError(f"out of memory outside a training micro-batch (validation, an optimizer step) with "
-                           f"max_tokens={cfg.max_tokens} on {ctx.device}: lower --max-tokens (tokens_per_update "
-                           "stays) and rerun the same command to resume from checkpoint_last.pt") from None
-    except NmtError as e:
-        if ctx.is_main:
-            raise
-        time.sleep(5)
-        print(f"error (rank {ctx.rank}): {e}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
-    except Exception as e:
-        if not (ctx.distributed and distributed.lost_peer(e)):
-            raise
-        print(f"error (rank {ctx.rank}): lost contact with another worker, which stopped (its output says why); "
-              f"rerun the same command, or use --max-restarts, to resume from {cfg.save_dir}/checkpoint_last.pt",
-              file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
-
-
 def note_pid_for_tests(rank: int) -> None:
     if folder := os.environ.get("NMT_TEST_PID_DIR"):
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         (Path(folder) / f"rank{rank}.restart{restart}.pid").write_text(str(os.getpid()))
-
-
-@dataclasses.dataclass(frozen=True)
-class Health:
-    """What every rank knows of one update after the all-reduce."""
-
-    loss_bad_ranks: int  # ranks whose loss sum was NaN or infinite
-    grad_bad_ranks: int  # ranks whose gradient norm was
-    oom_micro_batches: int  # micro-batches dropped for lack of memory, all ranks
-    world_size: int
-
-    @property
-    def finite(self) -> bool:
-        return self.loss_bad_ranks == 0 and self.grad_bad_ranks == 0
-
-    def describe(self) -> str:
-        return (f"non-finite loss on {self.loss_bad_ranks} and non-finite gradients on {self.grad_bad_ranks} "
-                f"of {self.world_size} rank(s)")
-
-
-def update_loss_scale(scaler: torch.amp.GradScaler, finite: bool, finite_here: bool) -> None:
-    """fp16: GradScaler's own rule where this rank's gradients showed what all ranks decided; where
-    only another rank (or a loss) was non-finite, the same backoff by hand: the scales stay equal."""
-    if finite or not finite_here or not scaler.is_enabled():
-        scaler.update()
-    else:
-        scaler.update(scaler.get_scale() * scaler.get_backoff_factor())
-
-
-def report(log: TrainLog, number: int, health: Health, c: Counters, cfg: TrainConfig,
-           scaler: torch.amp.GradScaler) -> None:
-    """A warning line for a skipped update and for micro-batches dropped for lack of memory."""
-    if not health.finite:
-        scale = f"; fp16 loss scale now {scaler.get_scale():g}" if scaler.is_enabled() else ""
-        log.warn(f"update {number}: skipped, {health.describe()} ({c.bad_updates} in a row, the run stops "
-                 f"after {cfg.max_bad_updates}{scale})")
-    if health.oom_micro_batches:
-        log.warn(f"update {number}: {health.oom_micro_batches} micro-batch(es) ran out of memory and were "
-                 f"skipped ({c.oom_micro_batches} of {c.micro_batches} so far)")
-
-
-def first_nonfinite(model: nn.Module) -> str | None:
-    """The first parameter or gradient, in module order, that holds a NaN or an infinity, named."""
-    for name, p in model.named_parameters():
-        if not bool(torch.isfinite(p).all()):
-            return f"{name} (its value)"
-        if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
-            return f"{name} (its gradient)"
-    return None
-
-
-def locate_nonfinite(model: nn.Module, ctx: distributed.Context) -> str:
-    """Where the first non-finite value is, searched on every rank (a collective: all ranks call it)."""
-    found = distributed.all_gather(first_nonfinite(model), ctx)
-    for rank, where in enumerate(found):
-        if where is not None:
-            return f"the first non-finite values in module order are in {where}" + (
-                f" on rank {rank}" if ctx.distributed else "")
-    return "no parameter or gradient holds a non-finite value: the loss itself was (look at the data)"
-
-
-def last_checkpoint(cfg: TrainConfig, saved_update: int) -> str:
-    if saved_update < 0:
-        return "no checkpoint was saved yet"
-    return f"the last good checkpoint is {cfg.save_dir}/checkpoint_last.pt (update {saved_update})"
-
-
-def check_nonfinite(cfg: TrainConfig, c: Counters, health: Health, scale: float | None,
-                    where: Callable[[], str], saved_update: int) -> None:
-    """Stop the run when skipped updates are no longer a passing accident. `scale` is the fp16 loss
-    scale (None otherwise); `where()` locates the non-finite values (a collective, called on all ranks
-    alike since they share `health`)."""
-    if health.finite:
-        return
-    attempt = c.update + 1
-    if scale is not None and scale < cfg.min_loss_scale:
-        raise NmtError(f"update {attempt}: the fp16 loss scale fell to {scale:g}, below min_loss_scale="
-                       f"{cfg.min_loss_scale:g}: the gradients overflow again and again ({health.describe()}; "
-                       f"{where()}). Train with --precision bf16 or fp32, or lower the learning rate; "
-                       f"{last_checkpoint(cfg, saved_update)}")
-    if scale is None and c.bad_updates > cfg.max_bad_updates:
-        raise NmtError(f"update {attempt}: {c.bad_updates} updates in a row were skipped for non-finite values "
-                       f"(this one: {health.describe()}); {where()}. Lower the learning rate (or raise "
-                       f"warmup_updates) and rerun to resume; {last_checkpoint(cfg, saved_update)}")
-
-
-def check_out_of_memory(cfg: TrainConfig, c: Counters, saved_update: int) -> None:
-    """Stop when more than `max_oom_fraction` of the micro-batches so far were dropped (one never does)."""
-    if c.oom_micro_batches > max(1.0, cfg.max_oom_fraction * c.micro_batches):
-        raise NmtError(f"update {c.update + 1}: {c.oom_micro_batches} of {c.micro_batches} micro-batches so far "
-                       f"ran out of memory and were skipped, more than max_oom_fraction={cfg.max_oom_fraction:g}. "
-                       f"Lower --max-tokens (now {cfg.max_tokens}; tokens_per_update stays, with more micro-batches "
-                       f"per update) and rerun to resume; {last_checkpoint(cfg, saved_update)}")
-
-
-def out_of_memory_in_sync(cfg: TrainConfig, rank: int) -> NmtError:
-    return NmtError(f"out of memory in the gradient-synchronising backward pass on rank {rank} (max_tokens="
-                    f"{cfg.max_tokens}): the other workers are already exchanging gradients, so this micro-batch "
-                    "cannot be skipped. Lower --max-tokens (tokens_per_update stays) and rerun the same command "
-                    "to resume from checkpoint_last.pt")
-
-
-def check_replicas(model: nn.Module, scale: float, update: int, ctx: distributed.Context) -> None:
-    """Stop when the ranks' weights, loss scale or update count differ: under DDP they stay bitwise
-    equal, so a difference is a bug or a hardware fault, and saving rank 0's state would hide it."""
-    if not ctx.distributed:
-        return
-    sums = torch.stack([p.detach().sum(dtype=torch.float64) for p in model.parameters()])
-    prints = distributed.all_gather(np.array([update, scale, *sums.tolist()]), ctx)
-    differing = [rank for rank, other in enumerate(prints) if not np.array_equal(other, prints[0], equal_nan=True)]
-    if differing:
-        raise NmtError(f"update {update}: the workers' weights have drifted apart (rank(s) {differing} differ from "
-                       "rank 0), which DDP never allows: a bug or a hardware fault. Rerun to resume from the last "
-                       "checkpoint, and report it if it happens again")

@@ -4,7 +4,9 @@
 One update = M micro-batches on each of W ranks (corpus.py); its loss is the label-smoothed
 cross-entropy summed over every real target token and divided by the update's target tokens
 (loss.py); Adam with the paper's schedule (optim.py). Checkpoints hold everything needed to
-continue bit for bit: rerunning the same command resumes from checkpoint_last.pt.
+continue bit for bit: rerunning the same command resumes from the newest intact checkpoint
+(checkpoint.py). Non-finite values and micro-batches that run out of memory are skipped alike on
+every rank, within limits (guard.py).
 
 Run as ``python -m nmt_cli.train ARGS`` (what torchrun starts) it is the `nmt train` command.
 """
@@ -39,6 +41,8 @@ from nmt_cli.trainlog import JSONL, TrainLog, truncate_after
 def run(cfg: TrainConfig) -> None:
     if cfg.best_metric == "bleu" and not cfg.valid_bleu:
         raise NmtError("best_metric=bleu needs validation BLEU: add --valid-bleu")
+    if cfg.try_largest_batch and not cfg.dry_run:
+        raise NmtError("try_largest_batch is a part of the dry run: add --dry-run")
     if cfg.dry_run:
         return print_plan(cfg)
     if distributed.in_worker():

@@ -6,6 +6,7 @@ point is that ranks agree."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -159,8 +160,7 @@ def test_fp16_overflow_shrinks_the_scale_on_every_rank_and_a_floor_stops(train_d
                env={"NMT_TEST_FAULTS": "grad@3-4/1 grad@8-100/1"}, check=False)
     assert_user_error(proc, "update 6: the fp16 loss scale fell to 4096, below min_loss_scale=5000",
                       "--precision bf16", "checkpoint_last.pt (update 5)")
-    scales = [int(line.split("fp16 loss scale now ")[1].rstrip(")")) for line in proc.stderr.splitlines()
-              if "fp16 loss scale now" in line]
+    scales = [int(scale) for scale in re.findall(r"fp16 loss scale now (\d+)", proc.stderr)]
     assert scales == [32768, 16384, 8192, 4096], proc.stderr
     assert checkpoint.load(save / "checkpoint_last.pt")["train"]["scaler"]["scale"] == 16384.0
 
@@ -224,3 +224,5 @@ def test_dry_run_tries_the_largest_batch(train_data: Path, tmp_path: Path, monke
     with pytest.raises(NmtError, match="does not fit in the memory of cpu .* lower --max-tokens"):
         train.run(cfg)
     assert not (tmp_path / "run").exists()
+    with pytest.raises(NmtError, match="add --dry-run"):
+        train.run(dataclasses.replace(cfg, dry_run=False))
