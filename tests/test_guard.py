@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from conftest import TINY_TRAIN, assert_user_error, nmt, train_records
-from nmt_cli import checkpoint, guard, train
+from nmt_cli import checkpoint, corpus, distributed, guard, train
 from nmt_cli.data import IndexedDataset
 from nmt_cli.errors import NmtError
 from nmt_cli.model import Transformer
 from nmt_cli.resume import Counters
 from nmt_cli.stages import ModelConfig, TrainConfig, train_base
+from nmt_cli.trainlog import TrainLog
 
 TWO_RANKS = [*TINY_TRAIN, "--nproc", "2", "--set", "micro_batches_per_update=1"]
 
@@ -194,6 +195,42 @@ def test_out_of_memory_micro_batches_are_skipped_and_the_rest_trained(train_data
             trained[update + 1] += int(sizes[ids].sum()) + len(ids)  # + EOS; logged before the step counts
     assert {r["update"]: r["tgt_tokens"] for r in records} == dict(trained)
     assert (tmp_path / "run" / "checkpoint_6.pt").exists()  # saved after the ranks compared their weights
+
+
+def _trainer(train_data: Path, tmp_path: Path) -> train.Trainer:
+    cfg = dataclasses.replace(train_base("transformer_tiny"), data=train_data, save_dir=tmp_path, precision="fp32",
+                              max_tokens=256, lr_schedule="inverse_sqrt", lr=1e-3, warmup_updates=0, max_oom_fraction=1.0,
+                              model=ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=2,
+                                                dropout=0.0))
+    return train.Trainer(cfg, distributed.Context(0, 1, 0, torch.device("cpu")), corpus.load(cfg),
+                         TrainLog(tmp_path, enabled=False))
+
+
+@pytest.mark.parametrize(("fault", "kept"), [("oom@1.2", [0, 2]), ("oom-backward@1.2", [2])])
+def test_a_dropped_micro_batch_leaves_nothing_in_the_update(train_data: Path, tmp_path: Path, fault: str,
+                                                            kept: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """One update of micro-batches 0, 1, 2 where 1 runs out of memory in its forward (only it is
+    dropped) or in its backward (0 goes too: the gradients held part of 1). The gradient the optimiser
+    steps with equals that of the micro-batches kept, trained alone: nothing of the dropped ones
+    leaks in, and it is the mean over the tokens trained. With all three it differs (the control)."""
+    def gradient(batches: list[int], faults: str) -> dict[str, torch.Tensor]:
+        monkeypatch.setenv("NMT_TEST_FAULTS", faults)
+        trainer, stepped = _trainer(train_data, tmp_path), {}
+        step = trainer.scaler.step
+
+        def keep_and_step(optimizer: torch.optim.Optimizer) -> None:
+            stepped.update({n: p.grad.clone() for n, p in trainer.model.named_parameters()})
+            step(optimizer)
+
+        monkeypatch.setattr(trainer.scaler, "step", keep_and_step)
+        split = trainer.data.train
+        trainer.update([split.batches[i] for i in batches], int(split.tgt_tokens[batches].sum()), len(batches))
+        return stepped
+
+    dropped, alone, full = gradient([0, 1, 2], fault), gradient(kept, ""), gradient([0, 1, 2], "")
+    for name, grad in alone.items():  # equal to float32 rounding of sums taken in another order
+        torch.testing.assert_close(dropped[name], grad, rtol=1e-5, atol=1e-5 * float(grad.abs().max()))
+    assert any(not torch.allclose(full[name], grad, rtol=1e-3) for name, grad in alone.items())
 
 
 @pytest.mark.slow
