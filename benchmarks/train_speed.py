@@ -122,7 +122,7 @@ def measure(data: Path, precision: str, args: argparse.Namespace) -> dict[str, f
         s, t = int(split.src_tokens[order[done % len(order)]]), int(split.tgt_tokens[order[done % len(order)]])
         if done == args.warmup:
             start, used, src, tgt, cpu = time.perf_counter(), [], 0, 0, _cpu_seconds()
-        trainer.update([ids], t)
+        trainer.update([ids], t, 1)
         used.append(ids)
         src, tgt, done = src + s, tgt + t, done + 1
     seconds = time.perf_counter() - start

@@ -81,17 +81,22 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     path = Path(path)
     if not path.is_file():
         raise NmtError(f"{path} does not exist or is not a file")
-    if not zipfile.is_zipfile(path):  # else torch.load reads it as a legacy pickle and blames unsafe objects
+    try:
+        open(path, "rb").close()
+    except OSError as e:
+        raise NmtError(f"cannot read {path}: {e.strerror or e}") from None
+    if not _is_zip(path):  # else torch.load reads it as a legacy pickle and blames unsafe objects
         raise NmtError(f"{path} is not an nmt checkpoint or model file: it is not the zip archive torch.save "
                        "writes (corrupt, truncated, or another kind of file)")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        raise NmtError(f"{path} was refused: it holds objects other than tensors and plain data, which "
-                       f"could run code when loaded ({str(e).splitlines()[0]}). Only load files written "
-                       "by nmt, or convert the file in a trusted environment.") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
-        raise NmtError(f"{path} is truncated or corrupt and cannot be read ({str(e).splitlines()[0]})") from None
+        raise NmtError(f"{path} was refused: it is corrupt, or it holds objects other than tensors and plain "
+                       f"data, which could run code when loaded ({str(e).splitlines()[0]}). Only load files "
+                       "written by nmt, or convert the file in a trusted environment.") from None
+    except Exception as e:  # a damaged archive fails in many ways (KeyError, TypeError, ...): all are damage
+        raise NmtError(f"{path} is truncated or corrupt and cannot be read "
+                       f"({type(e).__name__}: {(str(e).splitlines() or [''])[0]})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise NmtError(f"{path} is not an nmt checkpoint or model file (no '{FORMAT}' format marker)")
     stored = state.pop("sha256", None)
@@ -121,6 +126,13 @@ def _check_layout(state: dict[str, Any], path: Path) -> None:
     if damaged:
         raise NmtError(f"{path} is not a usable nmt file: its {', '.join(damaged)} {'is' if len(damaged) == 1 else 'are'} "
                        "missing or not what nmt writes (was it written by another program or nmt version?)")
+
+
+def _is_zip(path: Path) -> bool:
+    try:
+        return zipfile.is_zipfile(path)
+    except Exception:  # noqa: BLE001 (zipfile raises BadZipFile for some damaged end records)
+        return False
 
 
 def model_state(model: torch.nn.Module, cfg: ModelConfig, dictionary: Dictionary, spm_model: bytes) -> dict[str, Any]:
@@ -165,8 +177,9 @@ def load_model(path: Path, device: str | torch.device = "cpu"):
 
 
 def _pause_for_tests() -> None:
-    """Sleep between writing a checkpoint's temporary file and renaming it into place, when the
-    tests ask for it (NMT_TEST_SAVE_PAUSE_SECONDS): they kill the process inside that window."""
+    """Sleep where a crash is most interesting, when the tests ask for it (NMT_TEST_SAVE_PAUSE_SECONDS):
+    after a checkpoint's temporary file is written but before it is renamed into place, and after a
+    numbered checkpoint is in place but before checkpoint_last.pt is. The tests kill the process there."""
     seconds = float(os.environ.get("NMT_TEST_SAVE_PAUSE_SECONDS", "0") or 0)
     if seconds > 0:
         time.sleep(seconds)
@@ -177,6 +190,8 @@ def _pause_for_tests() -> None:
 
 LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
 _NUMBERED = re.compile(r"checkpoint_(\d+)\.pt")
+# What an interrupted atomic write leaves in a save folder (artifacts.atomic_writer, _replace_with).
+_TEMPORARIES = (".checkpoint_*.tmp", ".train.jsonl.*.tmp", ".config.yaml.*.tmp")
 
 
 def numbered_checkpoints(save_dir: Path) -> list[tuple[int, Path]]:
@@ -189,22 +204,38 @@ def numbered_checkpoints(save_dir: Path) -> list[tuple[int, Path]]:
 
 
 def save_training(save_dir: Path, update: int, state: dict[str, Any], best: bool, keep_last: int) -> Path:
-    """Write checkpoint_{update}.pt, point checkpoint_last.pt (and checkpoint_best.pt when `best`)
-    at it, and delete all but the newest `keep_last` numbered checkpoints.
+    """Write checkpoint_{update}.pt, then checkpoint_last.pt as a second, independent copy of it,
+    point checkpoint_best.pt at it when `best`, and delete all but the newest `keep_last` numbered
+    checkpoints.
 
-    last and best are hard links to the numbered file (a copy where the filesystem has no links),
-    each swapped in by an atomic rename, so a crash at any point leaves every name readable.
+    checkpoint_last.pt is a copy, not a link: damage to one file (a flipped bit on disk, a file
+    truncated by hand or by a full disk) then leaves the other intact, and a resume loses nothing.
+    A link would share the damage and cost a checkpoint interval. checkpoint_best.pt is a hard link
+    (a copy where the filesystem has none): a name for `translate`, never what a resume needs.
+    Each name is swapped in by an atomic rename, so a crash at any point leaves every name readable;
+    `load_latest` then takes whichever intact file is newest.
     """
     save_dir = Path(save_dir)
     path = save_dir / f"checkpoint_{update}.pt"
     save(path, state)
-    _replace_with(path, save_dir / LAST)
+    _pause_for_tests()  # the numbered file is in place, checkpoint_last.pt not yet
+    with open(path, "rb") as source, atomic_writer(save_dir / LAST) as target:
+        shutil.copyfileobj(source, target, 1 << 24)
     if best:
         _replace_with(path, save_dir / BEST)
     for _, old in numbered_checkpoints(save_dir)[: -keep_last if keep_last > 0 else None]:
         if old != path:
             old.unlink(missing_ok=True)
     return path
+
+
+def relink_best(save_dir: Path, update: int) -> None:
+    """Point checkpoint_best.pt at checkpoint_{update}.pt unless it already is: a crash between
+    writing a best checkpoint and linking it would otherwise leave an older best in its place."""
+    path = Path(save_dir) / f"checkpoint_{update}.pt"
+    best = Path(save_dir) / BEST
+    if path.is_file() and not (best.exists() and os.path.samefile(best, path)):
+        _replace_with(path, best)
 
 
 def _replace_with(source: Path, target: Path) -> None:
@@ -219,35 +250,53 @@ def _replace_with(source: Path, target: Path) -> None:
 
 
 def remove_temporaries(save_dir: Path) -> list[Path]:
-    """Delete what an interrupted save left behind (`.checkpoint_*.tmp`); returns what it removed."""
+    """Delete what interrupted writes left behind (checkpoints, train.jsonl, config.yaml); returns
+    what it removed."""
     removed = []
-    for tmp in Path(save_dir).glob(".checkpoint_*.tmp"):
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-            removed.append(tmp)
+    for pattern in _TEMPORARIES:
+        for tmp in Path(save_dir).glob(pattern):
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+                removed.append(tmp)
     return removed
 
 
 def load_latest(save_dir: Path) -> tuple[Path, dict[str, Any], list[str]] | None:
-    """The newest readable training checkpoint: checkpoint_last.pt, else the numbered ones from the
-    newest down. Returns (path, state, problems with the files skipped), or None for a folder
-    without checkpoints. A folder whose checkpoints are all unreadable is an error, never a fresh start.
+    """The newest intact training checkpoint in `save_dir`: checkpoint_last.pt unless a numbered
+    checkpoint is newer (a crash between writing the two) or it is damaged, then the numbered ones
+    from the newest down, then checkpoint_best.pt. Returns (path, state, problems with the files
+    skipped), or None for a folder without any checkpoint file. A folder whose checkpoints are all
+    unreadable is an error, never a fresh start.
     """
     save_dir = Path(save_dir)
-    candidates = [save_dir / LAST] if (save_dir / LAST).exists() else []
-    candidates += [path for _, path in reversed(numbered_checkpoints(save_dir))]
-    problems = []
-    for path in candidates:
-        try:
-            state = load(path)
-        except NmtError as e:
-            problems.append(str(e))
-            continue
-        if state.get("kind") != "checkpoint" or "train" not in state:
-            problems.append(f"{path} holds a model without training state")
-            continue
-        return path, state, problems
-    if problems:
+    problems: list[str] = []
+    last = _load_training(save_dir / LAST, problems)
+    last_update = last["train"]["update"] if last is not None else -1
+    for update, path in reversed(numbered_checkpoints(save_dir)):
+        if update <= last_update:
+            break
+        if (state := _load_training(path, problems)) is not None:
+            return path, state, problems
+    if last is not None:
+        return save_dir / LAST, last, problems
+    if (best := _load_training(save_dir / BEST, problems)) is not None:
+        return save_dir / BEST, best, problems
+    if problems or any(save_dir.glob("checkpoint*.pt")):
         raise NmtError(f"{save_dir} holds checkpoints but none can be resumed from: " + "; ".join(problems)
                        + ". Move the damaged files away (training then starts afresh) or pass another --save-dir")
     return None
+
+
+def _load_training(path: Path, problems: list[str]) -> dict[str, Any] | None:
+    """The training checkpoint at `path`, or None (with the reason added to `problems`)."""
+    if not path.exists():
+        return None
+    try:
+        state = load(path)
+    except NmtError as e:
+        problems.append(str(e))
+        return None
+    if state.get("kind") != "checkpoint" or not isinstance(state.get("train"), dict):
+        problems.append(f"{path} holds a model without training state")
+        return None
+    return state

@@ -12,7 +12,7 @@ epoch and how many batches of that epoch are done.
   so rank r's micro-batch i of the update is position start + i * W + r (data.shard_batches).
   M follows from `tokens_per_update`. Every rank ends each update with one synchronised backward
   pass (the gradient all-reduce); a rank left without batches at the end of an epoch runs one
-  zero-weight dummy micro-batch for it.
+  zero-weight micro-batch of the shortest example for it (`shortest_example`).
 """
 
 from __future__ import annotations
@@ -136,6 +136,22 @@ def rank_micro_batches(split: Split, order: np.ndarray, positions: range, rank: 
     mine = [split.batches[order[p]] for p in positions[rank::world_size]]
     assert len(mine) <= micro_batches
     return mine or [None]
+
+
+def shortest_example(split: Split) -> np.ndarray:
+    """A one-example batch of the shortest planned example: what a rank trains at weight zero to take
+    part in an update's gradient all-reduce when it has nothing else (an epoch's end, or a micro-batch
+    that ran out of memory)."""
+    ids = np.concatenate(split.batches)
+    sizes = split.src.sizes[ids].astype(np.int64) + split.tgt.sizes[ids]
+    return ids[[int(np.argmin(sizes))]]
+
+
+def largest_batches(split: Split) -> list[np.ndarray]:
+    """The batches most likely to exhaust memory: the most real target tokens (the output layer and
+    loss) and the most padded tokens (every other activation)."""
+    padded = [len(b) * (int(split.src.sizes[b].max()) + int(split.tgt.sizes[b].max()) + 2) for b in split.batches]
+    return [split.batches[i] for i in sorted({int(np.argmax(split.tgt_tokens)), int(np.argmax(padded))})]
 
 
 def order_of(split: Split, epoch: int, seed: int) -> np.ndarray:

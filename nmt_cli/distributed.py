@@ -1,4 +1,4 @@
-"""Where training runs: one process, or torchrun workers joined in a process group.
+"""Where training runs: one process, or torchrun workers joined in a process group; and in which precision.
 
 `nmt train` on a machine with several GPUs (or with ``--nproc N`` on a CPU) starts torchrun through
 `torch.distributed.run`, whose workers run ``python -m nmt_cli.train`` with the same settings; a
@@ -15,6 +15,7 @@ import datetime
 import logging
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -58,6 +59,24 @@ def use_cuda(cfg: TrainConfig) -> bool:
         raise NmtError("--device cuda was asked for but torch sees no CUDA device; use --device cpu "
                        "or install a CUDA build of torch")
     return torch.cuda.is_available()
+
+
+def resolve_precision(cfg: TrainConfig, device: torch.device) -> str:
+    """auto: bf16 where the device multiplies bf16 fast (a CUDA GPU with bf16, a CPU with
+    AVX512-BF16 or AMX), else fp32."""
+    if cfg.precision != "auto":
+        return cfg.precision
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if cpu_has_fast_bf16() else "fp32"
+
+
+def cpu_has_fast_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
 
 
 def processes_per_node(cfg: TrainConfig, planning: bool = False) -> int:
@@ -152,6 +171,14 @@ def setup(cfg: TrainConfig) -> Context:
         dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=30),
                                 device_id=device if cuda else None)
     return Context(rank, world, local, device)
+
+
+def lost_peer(error: BaseException) -> bool:
+    """True when a collective failed because another worker died (gloo: its connection closed or was
+    reset; NCCL: the communicator was aborted): that worker's output says why, this one has nothing to add."""
+    text = str(error)
+    return isinstance(error, dist.DistNetworkError) or (isinstance(error, RuntimeError) and any(
+        sign in text for sign in ("Connection closed by peer", "Connection reset by peer", "communicator was aborted")))
 
 
 def teardown(ctx: Context) -> None:

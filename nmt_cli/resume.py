@@ -3,10 +3,11 @@
 Layout of a training checkpoint (see checkpoint.py for the file format and the model keys):
 
     "kind": "checkpoint", "model", "model_config", "dictionary", "spm_model",
-    "meta":  {"nmt_version", "created", "arch", "src_lang", "tgt_lang", "update", "epoch", "valid_loss"},
+    "meta":  {"nmt_version", "created", "arch", "src_lang", "tgt_lang", "update", "epoch", "valid_loss",
+              "best": whether it was the best so far when saved},
     "train": {"config": the resolved TrainConfig as a mapping,
               "update", "epoch", "epoch_batches_done", "train_seconds", "best_valid_loss", "best_valid_bleu",
-              "bad_updates",
+              "bad_updates", "skipped_updates", "oom_micro_batches", "micro_batches" (see guard.py),
               "world_size", "micro_batches_per_update", "precision",
               "optimizer": optimizer.state_dict(), "scaler": GradScaler.state_dict() ({} unless fp16),
               "lr": the rate of the last step (the schedule itself is a pure function of "update"),
@@ -23,6 +24,7 @@ import datetime
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor
 
 from nmt_cli import __version__, checkpoint
 from nmt_cli.config import to_dict
@@ -35,8 +37,8 @@ if TYPE_CHECKING:
 _FREE_TO_CHANGE = {"max_update", "max_epoch", "max_time_hours", "log_interval", "tensorboard_dir", "dry_run",
                    "save_interval_minutes", "save_interval_updates", "keep_last", "validate_interval_updates",
                    "threads", "gpus", "nproc", "nnodes", "node_rank", "rdzv_endpoint", "max_restarts",
-                   "max_bad_updates", "min_loss_scale", "max_oom_fraction", "data", "save_dir", "model",
-                   "valid_bleu", "valid_bleu_sentences", "valid_bleu_beam", "best_metric"}
+                   "max_bad_updates", "min_loss_scale", "max_oom_fraction", "try_largest_batch", "data",
+                   "save_dir", "model", "valid_bleu", "valid_bleu_sentences", "valid_bleu_beam", "best_metric"}
 
 
 @dataclasses.dataclass
@@ -50,12 +52,15 @@ class Counters:
     best_valid_loss: float | None = None
     best_valid_bleu: float | None = None
     valid_loss: float | None = None  # of the last validation
-    bad_updates: int = 0
+    bad_updates: int = 0  # updates skipped in a row for non-finite values
+    skipped_updates: int = 0  # updates skipped for any reason since the start (non-finite, all out of memory)
+    oom_micro_batches: int = 0  # micro-batches dropped for running out of memory, all ranks
+    micro_batches: int = 0  # micro-batches planned so far, all ranks (what oom_micro_batches is a share of)
     stop_requested: bool = False
     log_sums: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-def training_checkpoint(trainer: Trainer, rng: list[dict[str, Any]], valid_loss: float) -> dict[str, Any]:
+def training_checkpoint(trainer: Trainer, rng: list[dict[str, Any]], valid_loss: float, best: bool) -> dict[str, Any]:
     """The whole state of `trainer` (rank 0) as a checkpoint mapping."""
     c, cfg, data = trainer.counters, trainer.cfg, trainer.data
     return {
@@ -63,12 +68,14 @@ def training_checkpoint(trainer: Trainer, rng: list[dict[str, Any]], valid_loss:
         **checkpoint.model_state(trainer.model, cfg.model, data.dictionary, data.spm_model),
         "meta": {"nmt_version": __version__, "arch": cfg.arch, "src_lang": data.src_lang, "tgt_lang": data.tgt_lang,
                  "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                 "update": c.update, "epoch": c.epoch, "valid_loss": valid_loss},
+                 "update": c.update, "epoch": c.epoch, "valid_loss": valid_loss, "best": best},
         "train": {
             "config": to_dict(cfg),
             "update": c.update, "epoch": c.epoch, "epoch_batches_done": c.epoch_batches_done,
             "train_seconds": c.train_seconds, "best_valid_loss": c.best_valid_loss,
             "best_valid_bleu": c.best_valid_bleu, "bad_updates": c.bad_updates,
+            "skipped_updates": c.skipped_updates, "oom_micro_batches": c.oom_micro_batches,
+            "micro_batches": c.micro_batches,
             "world_size": trainer.ctx.world_size, "micro_batches_per_update": trainer.micro_batches,
             "precision": trainer.precision,
             "optimizer": trainer.optimizer.state_dict(),
@@ -100,8 +107,16 @@ def apply_resume(trainer: Trainer, state: dict[str, Any]) -> list[str]:
     c.update, c.epoch, c.epoch_batches_done = train["update"], train["epoch"], train["epoch_batches_done"]
     c.train_seconds, c.best_valid_loss, c.bad_updates = train["train_seconds"], train["best_valid_loss"], train["bad_updates"]
     c.best_valid_bleu = train.get("best_valid_bleu")
+    for name in ("skipped_updates", "oom_micro_batches", "micro_batches"):  # absent before these were counted
+        setattr(c, name, train.get(name, 0))
     c.log_sums = dict(train["log_sums"])
     return _restore_rng(trainer, train["rng"]) + _changed_settings(trainer, train)
+
+
+def rng_state(device: torch.device) -> dict[str, Tensor | None]:
+    """This rank's random-number state (dropout). Batch order needs none: it is drawn from (seed, epoch)."""
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
 
 
 def _restore_rng(trainer: Trainer, states: list[dict[str, Any]]) -> list[str]:

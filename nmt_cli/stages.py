@@ -150,9 +150,13 @@ class TrainConfig:
     tensorboard_dir: Path | None = opt(None, "also log to TensorBoard here (needs the tensorboard extra)")
     dry_run: bool = opt(False, "print the plan (parameters, batch, accumulation, learning rate) and exit")
     # Reliability
-    max_bad_updates: int = opt(10, "stop after this many consecutive updates skipped for non-finite loss/gradients", at_least=0)
+    max_bad_updates: int = opt(10, "stop after more than this many updates in a row skipped for non-finite "
+                                   "loss/gradients (bf16, fp32; fp16 has min_loss_scale)")
     min_loss_scale: float = opt(1e-4, "fp16: stop when the dynamic loss scale falls below this", at_least=0)
-    max_oom_fraction: float = opt(0.02, "stop when more than this share of micro-batches ran out of memory", at_least=0, at_most=1)
+    max_oom_fraction: float = opt(0.02, "stop when more than this share of micro-batches ran out of memory "
+                                  "and were skipped (a single one never stops the run)", at_least=0, at_most=1)
+    try_largest_batch: bool = opt(False, "with --dry-run: run forward, backward and an optimizer step on the "
+                                  "largest batch on one device and report whether it fits in memory")
     # Launching (read by `nmt train`, which starts torchrun; ignored inside a worker)
     gpus: int = opt(0, "GPUs on this machine; >0 starts one torchrun worker per GPU (0: all if any)", at_least=0)
     nproc: int = opt(0, "CPU worker processes on gloo (for testing the distributed path; 0: one process)", at_least=0)

@@ -4,7 +4,9 @@
 One update = M micro-batches on each of W ranks (corpus.py); its loss is the label-smoothed
 cross-entropy summed over every real target token and divided by the update's target tokens
 (loss.py); Adam with the paper's schedule (optim.py). Checkpoints hold everything needed to
-continue bit for bit: rerunning the same command resumes from checkpoint_last.pt.
+continue bit for bit: rerunning the same command resumes from the newest intact checkpoint
+(checkpoint.py). Non-finite values and micro-batches that run out of memory are skipped alike on
+every rank, within limits (guard.py).
 
 Run as ``python -m nmt_cli.train ARGS`` (what torchrun starts) it is the `nmt train` command.
 """
@@ -23,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nmt_cli import checkpoint, corpus, distributed
+from nmt_cli import checkpoint, corpus, distributed, guard
 from nmt_cli import optim as optim_lib
 from nmt_cli.artifacts import atomic_write_text
 from nmt_cli.config import dump_yaml
@@ -31,7 +33,7 @@ from nmt_cli.data import EOS, PAD, collate
 from nmt_cli.errors import NmtError
 from nmt_cli.loss import label_smoothed_nll, per_token
 from nmt_cli.model import Transformer
-from nmt_cli.resume import Counters, apply_resume, training_checkpoint
+from nmt_cli.resume import Counters, apply_resume, rng_state, training_checkpoint
 from nmt_cli.stages import TrainConfig, TranslateConfig
 from nmt_cli.trainlog import JSONL, TrainLog, truncate_after
 
@@ -39,6 +41,8 @@ from nmt_cli.trainlog import JSONL, TrainLog, truncate_after
 def run(cfg: TrainConfig) -> None:
     if cfg.best_metric == "bleu" and not cfg.valid_bleu:
         raise NmtError("best_metric=bleu needs validation BLEU: add --valid-bleu")
+    if cfg.try_largest_batch and not cfg.dry_run:
+        raise NmtError("try_largest_batch is a part of the dry run: add --dry-run")
     if cfg.dry_run:
         return print_plan(cfg)
     if distributed.in_worker():
@@ -52,47 +56,18 @@ def run(cfg: TrainConfig) -> None:
 def train(cfg: TrainConfig) -> None:
     """Train in this process (a torchrun worker, or the only process)."""
     ctx = distributed.setup(cfg)
+    guard.note_pid_for_tests(ctx.rank)
     log = TrainLog(cfg.save_dir, ctx.is_main, cfg.tensorboard_dir)
     try:
-        if cfg.threads > 0:
-            torch.set_num_threads(cfg.threads)
-        trainer = Trainer(cfg, ctx, corpus.load(cfg), log)
-        trainer.start()
-        try:
+        with guard.worker_errors(cfg, ctx):
+            if cfg.threads > 0:
+                torch.set_num_threads(cfg.threads)
+            trainer = Trainer(cfg, ctx, corpus.load(cfg), log)
+            trainer.start()
             trainer.loop()
-        except (torch.OutOfMemoryError, RuntimeError) as e:
-            if not isinstance(e, torch.OutOfMemoryError) and "can't allocate memory" not in str(e):
-                raise
-            raise NmtError(f"out of memory in a micro-batch of max_tokens={cfg.max_tokens} on {ctx.device}: lower "
-                           "--max-tokens (tokens_per_update stays: more micro-batches per update) and rerun "
-                           "the same command to resume from checkpoint_last.pt") from None
-    except NmtError as e:
-        if not ctx.is_main:  # rank 0 mostly meets the same problem: it reports, torchrun stops the rest
-            time.sleep(5)
-            print(f"error (rank {ctx.rank}): {e}", file=sys.stderr, flush=True)
-            raise SystemExit(2) from None
-        raise
     finally:
         log.close()
     distributed.teardown(ctx)
-
-
-def resolve_precision(cfg: TrainConfig, device: torch.device) -> str:
-    """auto: bf16 where the device multiplies bf16 fast (a CUDA GPU with bf16, a CPU with
-    AVX512-BF16 or AMX), else fp32."""
-    if cfg.precision != "auto":
-        return cfg.precision
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    return "bf16" if cpu_has_fast_bf16() else "fp32"
-
-
-def cpu_has_fast_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
 
 
 def micro_batch_loss(model: torch.nn.Module, batch: dict[str, Tensor], epsilon: float) -> tuple[Tensor, Tensor]:
@@ -105,7 +80,7 @@ def micro_batch_loss(model: torch.nn.Module, batch: dict[str, Tensor], epsilon: 
 class Trainer:
     def __init__(self, cfg: TrainConfig, ctx: distributed.Context, data: corpus.Corpus, log: TrainLog) -> None:
         self.cfg, self.ctx, self.data, self.log = cfg, ctx, data, log
-        self.precision = resolve_precision(cfg, ctx.device)
+        self.precision = distributed.resolve_precision(cfg, ctx.device)
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.model = Transformer(cfg.model, len(data.dictionary)).to(ctx.device)
         self.ddp = distributed.wrap(self.model, ctx)
@@ -118,6 +93,8 @@ class Trainer:
         self.save_due = False
         self.run_start = self.last_save = time.monotonic()
         torch.manual_seed(cfg.seed * 1000 + ctx.rank)  # dropout differs between ranks
+        self.spare = corpus.shortest_example(data.train)  # a rank's zero-weight part in the gradient all-reduce
+        self.faults = guard.Faults.from_env(ctx.rank)  # tests only (guard.py)
         self.example_log = os.environ.get("NMT_TEST_EXAMPLE_LOG")  # tests: which examples each rank saw
 
     def autocast(self) -> Any:
@@ -125,6 +102,10 @@ class Trainer:
         if dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.ctx.device.type, dtype=dtype)
+
+    def forward_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        with self.autocast():  # the forward only, as torch.amp recommends
+            return micro_batch_loss(self.ddp, batch, self.cfg.label_smoothing)
 
     # -- start / resume -------------------------------------------------------------------------
 
@@ -143,10 +124,12 @@ class Trainer:
         if found is not None:
             path, state, problems = found
             for problem in problems:
-                log.warn(f"{problem}; trying an older checkpoint")
+                log.warn(f"{problem}; skipped it")
             for note in apply_resume(self, state):
                 log.warn(note)
             self.saved_update = self.counters.update
+            if self.ctx.is_main and state["meta"].get("best"):
+                checkpoint.relink_best(save_dir, self.counters.update)
             log.info(f"resuming from {path} at update {self.counters.update} (epoch {self.counters.epoch}, "
                      f"{self.counters.epoch_batches_done} of {len(self.data.train.batches)} batches done)")
         if self.ctx.is_main:
@@ -195,69 +178,57 @@ class Trainer:
             positions = corpus.update_positions(start, u, W, M, len(split.batches))
             micro = corpus.rank_micro_batches(split, order, positions, self.ctx.rank, W, M)
             _, tgt_tokens = corpus.update_tokens(split, order, positions)
-            self.update(micro, tgt_tokens)
+            applied = self.update(micro, tgt_tokens, len(positions))
             c.epoch_batches_done = positions.stop
-            self._after_update()
+            self._after_update(applied)
             if self._finished():
                 return False
         c.epoch, c.epoch_batches_done = c.epoch + 1, 0
         return True
 
-    def update(self, micro: list[np.ndarray | None], update_tgt_tokens: int) -> None:
-        """Forward/backward of this rank's micro-batches, then one optimiser step."""
-        cfg, c = self.cfg, self.counters
-        sums = torch.zeros(5, dtype=torch.float64, device=self.ctx.device)  # loss, nll, tgt, src, sentences
-        for i, ids in enumerate(micro):
-            batch = self._batch(ids if ids is not None else self.data.train.batches[0])
-            # dividing by the update's target tokens (all ranks) times W undoes DDP's mean over ranks
-            weight = 0.0 if ids is None else self.ctx.world_size / update_tgt_tokens
-            with distributed.gradient_sync(self.ddp, sync=i == len(micro) - 1):
-                with self.autocast():  # the forward only, as torch.amp recommends
-                    loss, nll = micro_batch_loss(self.ddp, batch, cfg.label_smoothing)
-                self.scaler.scale(loss * weight).backward()
-            if ids is not None:
-                real = batch["target"] != PAD
-                sums += torch.stack([loss.detach().double(), nll.double(), real.sum().double(),
-                                     (batch["src"] != PAD).sum().double(), torch.tensor(len(ids), device=sums.device)])
-                self._note_examples(ids)
+    def update(self, micro: list[np.ndarray | None], update_tgt_tokens: int, planned: int) -> bool:
+        """Forward/backward of this rank's micro-batches, then one optimiser step unless some rank saw a
+        non-finite value or nothing could be trained (guard.py). True when the step was taken."""
+        cfg, c, ctx = self.cfg, self.counters, self.ctx
+        attempt, number = c.update + c.skipped_updates + 1, c.update + 1
+        sums, dropped = guard.forward_backward(self, micro, update_tgt_tokens, attempt)
+        self.faults.poison_gradient(self.model, attempt)
         self.scaler.unscale_(self.optimizer)
-        gnorm = self._gradient_norm()
-        lr = optim_lib.learning_rate(cfg, c.update + 1)
-        finite = math.isfinite(gnorm)
-        if finite:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
+        finite_here = math.isfinite(float(norm))
+        flags = [float(not math.isfinite(sums[0])), float(not finite_here), float(dropped)]
+        # [0:5] sums, [5:8] the ranks' flags, [8:10] save due, out of time: every rank decides alike
+        totals = distributed.all_reduce_sum([*sums, *flags, *self._time_flags()], ctx)
+        health, trained_tgt = guard.Health(*map(int, totals[5:8]), ctx.world_size), totals[2]
+        applied, lr = health.finite and trained_tgt > 0, optim_lib.learning_rate(cfg, c.update + 1)
+        if applied:
+            if trained_tgt < update_tgt_tokens:  # micro-batches were dropped: the mean over what was trained
+                for p in params:
+                    p.grad.mul_(update_tgt_tokens / trained_tgt)
+                norm = norm * (update_tgt_tokens / trained_tgt)
+            if cfg.clip_norm > 0:
+                torch.nn.utils.clip_grads_with_norm_(params, cfg.clip_norm, norm)
             optim_lib.set_learning_rate(self.optimizer, lr)
             self.scaler.step(self.optimizer)
-            c.update, c.bad_updates = c.update + 1, 0
-        else:
-            c.bad_updates += 1
-        self.scaler.update()
+        guard.update_loss_scale(self.scaler, health.finite, finite_here)
+        c.update, c.skipped_updates = c.update + int(applied), c.skipped_updates + int(not applied)
+        c.bad_updates = 0 if health.finite else c.bad_updates + 1
+        c.micro_batches, c.oom_micro_batches = c.micro_batches + planned, c.oom_micro_batches + health.oom_micro_batches
+        guard.report(self.log, number, health, c, cfg, self.scaler)
+        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
+        guard.check_nonfinite(cfg, c, health, scale, lambda: guard.locate_nonfinite(self.model, ctx),
+                              self.saved_update)
+        guard.check_out_of_memory(cfg, c, self.saved_update)
         self.optimizer.zero_grad(set_to_none=True)
-        self._check_health(finite)
-        totals = distributed.all_reduce_sum([*sums.tolist(), *self._time_flags()], self.ctx)
-        self.interval.add(totals[:5], gnorm if finite else 0.0, lr)
-        c.stop_requested = c.stop_requested or totals[6] > 0
-        self.save_due = totals[5] > 0
+        self.interval.add(totals[:5] if applied else None, float(norm), lr, health)
+        c.stop_requested = c.stop_requested or totals[9] > 0
+        self.save_due = totals[8] > 0
+        return applied
 
-    def _batch(self, ids: np.ndarray) -> dict[str, Tensor]:
+    def batch(self, ids: np.ndarray) -> dict[str, Tensor]:
         arrays = collate(self.data.train.src, self.data.train.tgt, ids)
         return {k: torch.from_numpy(v).to(self.ctx.device, non_blocking=True) for k, v in arrays.items() if k != "ids"}
-
-    def _gradient_norm(self) -> float:
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if self.cfg.clip_norm > 0:
-            return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm))
-        return float(torch.nn.utils.get_total_norm(grads))
-
-    def _check_health(self, finite: bool) -> None:
-        cfg = self.cfg
-        if self.precision == "fp16":
-            if self.scaler.get_scale() < cfg.min_loss_scale:
-                raise NmtError(f"the fp16 loss scale fell below {cfg.min_loss_scale}: the gradients overflow "
-                               "again and again. Train with --precision bf16 or fp32, or lower the learning rate")
-        elif self.counters.bad_updates > cfg.max_bad_updates:
-            raise NmtError(f"{self.counters.bad_updates} updates in a row had non-finite gradients and were "
-                           "skipped; lower the learning rate (or raise warmup_updates) and rerun to resume "
-                           f"from {cfg.save_dir}/checkpoint_last.pt")
 
     def _time_flags(self) -> list[float]:
         """[save due by the clock, out of time] (summed over ranks, so all ranks decide alike); also
@@ -268,21 +239,22 @@ class Trainer:
         stop = cfg.max_time_hours > 0 and self.counters.train_seconds >= cfg.max_time_hours * 3600
         return [float(save), float(stop)]
 
-    def _note_examples(self, ids: np.ndarray) -> None:
+    def note_examples(self, ids: np.ndarray) -> None:
         if self.example_log:
             with open(Path(self.example_log) / f"examples.rank{self.ctx.rank}.txt", "a") as f:
                 f.write(f"{self.counters.epoch} {self.counters.update} {' '.join(map(str, ids.tolist()))}\n")
 
-    def _after_update(self) -> None:
+    def _after_update(self, applied: bool) -> None:
         cfg, c = self.cfg, self.counters
-        self.log.step(c.update, self.interval.last_loss, self.interval.last_lr, self.interval.speed())
-        if cfg.log_interval > 0 and c.update % cfg.log_interval == 0 and self.interval.updates:
-            self.log.record(self.interval.record(c))
-            self.interval.reset()
-        by_updates = cfg.save_interval_updates > 0 and c.update % cfg.save_interval_updates == 0
+        if applied:
+            self.log.step(c.update, self.interval.last_loss, self.interval.last_lr, self.interval.speed())
+            if cfg.log_interval > 0 and c.update % cfg.log_interval == 0 and self.interval.updates:
+                self.log.record(self.interval.record(c))
+                self.interval.reset()
+        by_updates = applied and cfg.save_interval_updates > 0 and c.update % cfg.save_interval_updates == 0
         if by_updates or self.save_due:
             self._save()
-        elif cfg.validate_interval_updates > 0 and c.update % cfg.validate_interval_updates == 0:
+        elif applied and cfg.validate_interval_updates > 0 and c.update % cfg.validate_interval_updates == 0:
             self._validate()
 
     # -- validation and checkpoints ----------------------------------------------------------------
@@ -324,23 +296,33 @@ class Trainer:
         if c.update == self.saved_update:
             return
         best = self._validate()
+        guard.check_replicas(self.model, self.scaler.get_scale(), c.update, self.ctx)
         c.log_sums = self.interval.sums()
-        rng = distributed.all_gather(_rng_state(self.ctx.device), self.ctx)
+        rng = distributed.all_gather(rng_state(self.ctx.device), self.ctx)
         if self.ctx.is_main:
-            state = training_checkpoint(self, rng, c.valid_loss)
+            state = training_checkpoint(self, rng, c.valid_loss, best)
             path = checkpoint.save_training(Path(self.cfg.save_dir), c.update, state, best, self.cfg.keep_last)
             self.log.info(f"saved {path}" + (" (best so far)" if best else ""))
         self.saved_update, self.last_save = c.update, time.monotonic()
 
 
 def print_plan(cfg: TrainConfig) -> None:
-    """--dry-run: what training would do on the devices asked for, without starting any."""
+    """--dry-run: what training would do on the devices asked for, without starting any; with
+    try_largest_batch, whether the largest batch fits on one of them."""
     data = corpus.load(cfg)
     per_node = distributed.processes_per_node(cfg, planning=True)
     with torch.device("meta"):  # counts parameters without allocating them (transformer_big: 213M)
         params = sum(p.numel() for p in Transformer(cfg.model, len(data.dictionary)).parameters())
     kind = "GPU" if cfg.gpus > 0 or (cfg.nproc == 0 and distributed.use_cuda(cfg)) else "CPU process"
-    print(corpus.describe_plan(cfg, data, per_node, kind, params, optim_lib.peak_learning_rate(cfg)))
+    print(corpus.describe_plan(cfg, data, per_node, kind, params, optim_lib.peak_learning_rate(cfg)), flush=True)
+    if cfg.try_largest_batch:
+        if kind == "GPU" and not distributed.use_cuda(cfg):
+            raise NmtError("try_largest_batch runs the largest batch on the GPU it plans for, and torch sees none "
+                           "here: run the dry run on a machine of the kind that will train")
+        ctx = distributed.Context(0, 1, 0, torch.device("cuda" if kind == "GPU" else "cpu"))
+        if cfg.threads > 0:
+            torch.set_num_threads(cfg.threads)
+        print(guard.try_largest_batch(Trainer(cfg, ctx, data, TrainLog(cfg.save_dir, enabled=False))))
 
 
 def validation_bleu(model: Transformer, data: corpus.Corpus, cfg: TrainConfig,
@@ -370,12 +352,6 @@ def validation_bleu(model: Transformer, data: corpus.Corpus, cfg: TrainConfig,
     return round(sacrebleu.corpus_bleu([text[i] for i in ids], [references]).score, 4)
 
 
-def _rng_state(device: torch.device) -> dict[str, Tensor | None]:
-    """This rank's random-number state (dropout). Batch order needs none: it is drawn from (seed, epoch)."""
-    return {"torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
-
-
 class _Interval:
     """Sums over the updates since the last log line."""
 
@@ -383,11 +359,17 @@ class _Interval:
         self.reset()
 
     def reset(self, sums: dict[str, float] | None = None) -> None:
-        self.values = dict.fromkeys(("loss", "nll", "tgt", "src", "sentences", "gnorm", "updates"), 0.0)
+        self.values = dict.fromkeys(("loss", "nll", "tgt", "src", "sentences", "gnorm", "updates", "skipped",
+                                     "oom"), 0.0)
         self.values.update(sums or {})
         self.clock, self.clock_tgt, self.last_loss, self.last_lr = time.monotonic(), 0.0, 0.0, 0.0
 
-    def add(self, totals: list[float], gnorm: float, lr: float) -> None:
+    def add(self, totals: list[float] | None, gnorm: float, lr: float, health: guard.Health) -> None:
+        """One update's sums over all ranks, or None for a skipped update."""
+        self.values["oom"] += health.oom_micro_batches
+        if totals is None:
+            self.values["skipped"] += 1
+            return
         for key, value in zip(("loss", "nll", "tgt", "src", "sentences"), totals, strict=True):
             self.values[key] += value
         self.values["gnorm"] += gnorm
@@ -412,6 +394,7 @@ class _Interval:
                 "nll": round(nll, 6), "ppl": round(math.exp(min(nll, 50.0)), 4), "lr": self.last_lr,
                 "gnorm": round(v["gnorm"] / n, 6), "src_tokens": round(v["src"] / n), "tgt_tokens": round(v["tgt"] / n),
                 "sentences": round(v["sentences"] / n), "updates": self.updates,
+                "skipped_updates": int(v["skipped"]), "oom_micro_batches": int(v["oom"]),
                 "tokens_per_second": round(self.speed(), 1), "wall_seconds": round(c.train_seconds, 3)}
 
 

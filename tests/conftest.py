@@ -49,6 +49,32 @@ def assert_user_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Training on the CPU in seconds (test_train, test_resume, test_guard)
+
+# A model small enough to train a few updates a second, in fp32 so that runs repeat bit for bit.
+TINY_TRAIN = ["--arch", "transformer_tiny", "--precision", "fp32", "--max-tokens", "256",
+              "--save-interval-minutes", "0", "--set", "model.d_model=32", "--set", "model.d_ff=64",
+              "--set", "model.heads=2", "--set", "threads=1", "--set", "log_interval=1"]
+
+
+@pytest.fixture(scope="session")
+def train_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A synthetic binarized folder (tests/synthetic_binarized.py): 150 short training pairs plus two
+    too long for max_tokens=256 (ids 150, 151), 30 valid pairs."""
+    from synthetic_binarized import build
+
+    return build(tmp_path_factory.mktemp("train") / "bin", train=150, valid=30, long_examples=2)
+
+
+def train_records(save_dir: Path, kind: str = "train") -> list[dict]:
+    """The records of one kind in SAVE_DIR/train.jsonl."""
+    import json
+
+    lines = (save_dir / "train.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+# ---------------------------------------------------------------------------------------------
 # The data pipeline on real text, once per test session
 
 

@@ -6,7 +6,6 @@ with a model small enough to train a few updates in seconds.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,28 +16,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import assert_user_error, nmt
+from conftest import TINY_TRAIN, assert_user_error, nmt
+from conftest import train_records as _records
 from nmt_cli import checkpoint
 from nmt_cli.config import read_yaml
 from nmt_cli.model import Transformer
 from nmt_cli.stages import ModelConfig
-from synthetic_binarized import build
 
 pytestmark = pytest.mark.slow  # each test trains a small model through the real command line
 
-SMALL = ["--arch", "transformer_tiny", "--precision", "fp32", "--max-tokens", "256",
-         "--save-interval-minutes", "0", "--set", "model.d_model=32", "--set", "model.d_ff=64",
-         "--set", "model.heads=2", "--set", "threads=1", "--set", "log_interval=1"]
+SMALL = TINY_TRAIN
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build(tmp_path_factory.mktemp("train") / "bin", train=150, valid=30, long_examples=2)  # ids 150, 151
-
-
-def _records(save_dir: Path, kind: str = "train") -> list[dict]:
-    lines = (save_dir / "train.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+@pytest.fixture
+def data_dir(train_data: Path) -> Path:
+    return train_data  # 150 training pairs plus 2 too long (ids 150, 151)
 
 
 def test_dry_run_prints_the_plan_without_training(data_dir: Path, tmp_path: Path) -> None:
@@ -121,23 +113,40 @@ def test_kill_during_a_checkpoint_write_leaves_the_previous_one(data_dir: Path, 
     assert not list(save.glob(".*.tmp"))
 
 
-def test_corrupt_last_checkpoint_falls_back_to_an_intact_one(data_dir: Path, tmp_path: Path) -> None:
+def _flip_bytes(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 8] = bytes(b ^ 0xFF for b in data[len(data) // 2 : len(data) // 2 + 8])
+    path.write_bytes(bytes(data))
+
+
+def test_damaged_checkpoints_fall_back_to_the_newest_intact_one(data_dir: Path, tmp_path: Path) -> None:
+    """checkpoint_last.pt is a copy of the newest numbered checkpoint, not a link: flipped bytes in it
+    cost nothing (the numbered file of the same update takes over); a truncated one together with a
+    damaged numbered file costs one interval; a folder of damaged files is refused, never restarted
+    from scratch. Every skipped file is named."""
     save = tmp_path / "run"
     args = [*SMALL, "--save-interval-updates", "2"]
     nmt("train", data_dir, "--save-dir", save, *args, "--max-update", "4")
-    with open(save / "checkpoint_last.pt", "r+b") as f:  # damage in place: checkpoint_4.pt shares the bytes
-        f.seek(2000)
-        f.write(b"\xff" * 64)
+    _flip_bytes(save / "checkpoint_last.pt")
     again = nmt("train", data_dir, "--save-dir", save, *args, "--max-update", "6")
     warnings = [line for line in again.stderr.splitlines() if line.startswith("warning:")]
-    assert any("checkpoint_last.pt is" in w and "corrupt" in w for w in warnings), again.stderr
-    assert any("checkpoint_4.pt is" in w and "corrupt" in w for w in warnings), again.stderr
-    assert "resuming from" in again.stderr and "checkpoint_2.pt at update 2" in again.stderr
+    assert any("checkpoint_last.pt is corrupt" in w for w in warnings), again.stderr
+    assert "resuming from" in again.stderr and "checkpoint_4.pt at update 4" in again.stderr
+
+    with open(save / "checkpoint_last.pt", "r+b") as f:  # now a copy of update 6
+        f.truncate(f.seek(0, 2) // 2)
+    _flip_bytes(save / "checkpoint_6.pt")
+    third = nmt("train", data_dir, "--save-dir", save, *args, "--max-update", "8")
+    warnings = [line for line in third.stderr.splitlines() if line.startswith("warning:")]
+    assert any("checkpoint_last.pt is" in w and "truncated" in w for w in warnings), third.stderr
+    assert any("checkpoint_6.pt is corrupt" in w for w in warnings), third.stderr
+    assert "checkpoint_4.pt at update 4" in third.stderr
+    assert [r["update"] for r in _records(save)] == list(range(1, 9))  # updates 5, 6 trained again, logged once
 
     for path in save.glob("checkpoint*.pt"):
         path.write_bytes(b"garbage")
-    refused = nmt("train", data_dir, "--save-dir", save, *args, "--max-update", "8", check=False)
-    assert_user_error(refused, "none can be resumed", "checkpoint_last.pt")
+    refused = nmt("train", data_dir, "--save-dir", save, *args, "--max-update", "10", check=False)
+    assert_user_error(refused, "none can be resumed", "checkpoint_last.pt", "checkpoint_8.pt", "checkpoint_best.pt")
 
 
 def test_two_gloo_workers_equal_one_worker_with_twice_the_accumulation(data_dir: Path, tmp_path: Path) -> None:
