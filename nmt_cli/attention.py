@@ -3,8 +3,10 @@
 The model reads the source and, teacher-forced, the target: the one given with ``--target``, else
 its own beam-search translation. While it runs, every attention layer hands its softmax rows to a
 recorder (`recording`; model.py computes them only then). One kind of attention, one layer and one
-head or all heads are drawn, tokens on the axes, like the paper's figures 3-5 (encoder
-self-attention of layer 5 of 6). The model runs on the CPU in float32.
+head or all heads are drawn: as heatmaps, queries down and keys across, or with ``--style lines``
+as in the paper's figures 3-5 (encoder self-attention of layer 5 of 6), queries above keys, each
+pair joined by a line as opaque as its weight, one colour per head, ``--query`` picking one query
+token's lines. The model runs on the CPU in float32.
 
 Positions and their labels. Encoder self-attention: the source pieces and EOS on both axes.
 Decoder self-attention: the keys are the decoder's inputs (BOS, y1 .. yn); each query position is
@@ -169,14 +171,19 @@ def cell_inches(queries: int, keys: int, heads: int) -> float:
     return max(min(size, 30 / (cols * keys), 30 / (rows * queries)), 0.08)
 
 
-def figure_inches(queries: int, keys: int, heads: int, longest_label: int) -> tuple[float, float]:
-    """The figure's (width, height): the panels, their token labels, the title and the colour bar."""
+def figure_inches(queries: int, keys: int, heads: int, longest_label: int, title: str) -> tuple[float, float]:
+    """The figure's (width, height): the panels, their token labels, the colour bar, and the title
+    (12-point lines of `title`, ~0.1 inch a character)."""
     rows, cols = grid_shape(heads)
     cell = cell_inches(queries, keys, heads)
     label = 0.3 + 0.075 * longest_label * min(cell / 0.24, 1)  # 8-point characters beside the panel
     width = cols * max(keys * cell, 1.5) + (cols - 1) * 0.3 + label + 1.6
     height = rows * max(queries * cell, 1.5) + (rows - 1) * 0.4 + label + 1.5
-    return round(width, 2), round(height, 2)
+    return round(max(width, _title_inches(title)), 2), round(height, 2)
+
+
+def _title_inches(title: str) -> float:
+    return 0.1 * max(len(line) for line in title.split("\n")) + 0.6
 
 
 def draw(weights: Tensor, heads: list[int], queries: list[str], keys: list[str], title: str,
@@ -184,13 +191,14 @@ def draw(weights: Tensor, heads: list[int], queries: list[str], keys: list[str],
     """Heatmaps of weights (heads, T, L) on a grid, one per head, tokens on the axes."""
     rows, cols = grid_shape(len(heads))
     longest = max(len(s) for s in [*queries, *keys])
-    figure = new_figure(*figure_inches(len(queries), len(keys), len(heads), longest))
+    figure = new_figure(*figure_inches(len(queries), len(keys), len(heads), longest, title))
     axes = figure.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).flatten()
     font = max(min(8.0, cell_inches(len(queries), len(keys), len(heads)) * 33), 4.0)
     top = float(weights.max())
     for ax, head, panel in zip(axes, heads, weights, strict=False):
         image = ax.imshow(panel.numpy(), cmap="Blues", vmin=0.0, vmax=top, aspect="equal", interpolation="nearest")
-        ax.set_title(f"head {head}", fontsize=10)
+        if len(heads) > 1:
+            ax.set_title(f"head {head}", fontsize=10)
         ax.set_xticks(range(len(keys)), [_plain(k) for k in keys], rotation=90, fontsize=font)
         ax.set_yticks(range(len(queries)), [_plain(q) for q in queries], fontsize=font)
         ax.tick_params(length=0, labelbottom=ax.get_subplotspec().is_last_row(),
@@ -198,10 +206,79 @@ def draw(weights: Tensor, heads: list[int], queries: list[str], keys: list[str],
     for ax in axes[len(heads):]:
         ax.set_axis_off()
     figure.colorbar(image, ax=axes.tolist(), shrink=0.8, label="attention weight")
-    figure.supxlabel(axis_names[1], fontsize=10)
-    figure.supylabel(axis_names[0], fontsize=10)
+    if len(heads) == 1:  # beside the panel, which a long title can leave narrower than the figure
+        axes[0].set_xlabel(axis_names[1], fontsize=10)
+        axes[0].set_ylabel(axis_names[0], fontsize=10)
+    else:
+        figure.supxlabel(axis_names[1], fontsize=10)
+        figure.supylabel(axis_names[0], fontsize=10)
     figure.suptitle(_plain(title), fontsize=12)
     return figure
+
+
+def lines_inches(tokens: int, longest_label: int, title: str) -> tuple[float, float]:
+    """The (width, height) of a lines figure over the longer side's `tokens`."""
+    label = 0.3 + 0.075 * longest_label
+    return round(max(tokens * 0.35 + 2.0, _title_inches(title)), 2), round(2 * label + 3.4, 2)
+
+
+def draw_lines(weights: Tensor, heads: list[int], queries: list[str], keys: list[str], title: str,
+               only: int | None) -> Any:
+    """The paper's figures 3-5: queries on top, keys below, a line from each query to each key as
+    opaque as its weight (lighter than 1% left out), one colour per head, the heads' lines side by
+    side; `only`: one query's lines."""
+    from matplotlib.collections import LineCollection
+    from matplotlib.colors import to_rgba
+    from matplotlib.lines import Line2D
+
+    tokens = max(len(queries), len(keys))
+    figure = new_figure(*lines_inches(tokens, max(len(s) for s in [*queries, *keys]), title))
+    ax = figure.subplots()
+    x_query = [(tokens - len(queries)) / 2 + i for i in range(len(queries))]  # the shorter side centred
+    x_key = [(tokens - len(keys)) / 2 + j for j in range(len(keys))]
+    colors = [f"C{i % 10}" if len(heads) <= 10 else to_rgba("tab20", i % 20) for i in range(len(heads))]
+    rows = range(len(queries)) if only is None else [only]
+    for h, (color, panel) in enumerate(zip(colors, weights, strict=True)):
+        r, g, b, _ = to_rgba(color)
+        shift = 0.5 * ((h + 0.5) / len(heads) - 0.5)  # the heads side by side within a token's width
+        segments, rgba = [], []
+        for i in rows:
+            for j, weight in enumerate(panel[i].tolist()):
+                if weight >= 0.01:
+                    segments.append([(x_query[i] + shift, 1.0), (x_key[j] + shift, 0.0)])
+                    rgba.append((r, g, b, min(weight, 1.0)))
+        ax.add_collection(LineCollection(segments, colors=rgba, linewidths=2.5 if only is not None else 1.8))
+    ax.set_xlim(-0.6, tokens - 0.4)
+    ax.set_ylim(-0.02, 1.02)
+    _token_axes(ax, x_query, queries, x_key, keys, only)
+    handles = [Line2D([], [], color=c, linewidth=3, label=f"head {h}") for c, h in zip(colors, heads, strict=True)]
+    figure.legend(handles=handles, loc="outside lower center", ncols=min(len(heads), 8), frameon=False, fontsize=9)
+    figure.suptitle(_plain(title), fontsize=12)
+    return figure
+
+
+def _token_axes(ax: Any, x_query: list[float], queries: list[str], x_key: list[float], keys: list[str],
+                only: int | None) -> None:
+    """Keys as labels below the lines, queries above (the chosen one in bold), no frame."""
+    ax.set_xticks(x_key, [_plain(k) for k in keys], rotation=90, fontsize=9)
+    top = ax.twiny()
+    top.set_xlim(ax.get_xlim())
+    top.set_xticks(x_query, [_plain(q) for q in queries], rotation=90, fontsize=9)
+    if only is not None:
+        top.get_xticklabels()[only].set_fontweight("bold")
+    ax.set_yticks([0, 1], ["keys", "queries"], fontsize=10)
+    for axis in (ax, top):
+        axis.tick_params(length=0)
+        for spine in axis.spines.values():
+            spine.set_visible(False)
+
+
+def query_position(labels: list[str], wanted: str) -> int:
+    """The first query position labelled `wanted` (as drawn, or as the dictionary symbol)."""
+    for i, label in enumerate(labels):
+        if wanted == label:
+            return i
+    raise NmtError(f"--query {wanted!r} is not one of the query tokens: {' '.join(labels)}")
 
 
 def _plain(text: str) -> str:
@@ -249,6 +326,8 @@ def document(cfg: AttentionConfig, sentence: Sentence, layer: int, layers: int, 
 def run(cfg: AttentionConfig) -> None:
     if cfg.format == "picture":
         picture_format(cfg.out)  # a wrong suffix fails before the model is loaded
+    if cfg.query is not None and (cfg.style != "lines" or cfg.format != "picture"):
+        raise NmtError("--query picks the lines of one query token: use it with --style lines")
     model, dictionary, sp = load(cfg)
     sentence = prepare_sentence(model, dictionary, sp, cfg)
     _, maps = attention_maps(model, torch.tensor([sentence.src]), torch.tensor([sentence.prev]))
@@ -259,11 +338,20 @@ def run(cfg: AttentionConfig) -> None:
         atomic_write_text(cfg.out, json.dumps(document(cfg, sentence, layer, layers, heads, weights, queries, keys),
                                               ensure_ascii=False) + "\n")
     else:
-        head_text = "all heads" if cfg.head == 0 else f"head {cfg.head}"
-        title = (f"{KIND_TITLES[cfg.kind]}, layer {layer} of {layers}, {head_text}\n"
-                 f"source: {sentence.source}\ntarget ({sentence.target_from}): {sentence.target}")
-        figure = draw(weights, heads, [token_label(q) for q in queries], [token_label(k) for k in keys], title,
-                      axis_names(cfg.kind))
-        save_figure(figure, cfg.out, cfg.dpi)
+        save_figure(picture(cfg, sentence, layer, layers, heads, weights, queries, keys), cfg.out, cfg.dpi)
     print(f"attention: {KIND_TITLES[cfg.kind].lower()}, layer {layer}, {len(heads)} head(s), "
           f"{len(queries)} x {len(keys)} tokens -> {cfg.out}", file=sys.stderr)
+
+
+def picture(cfg: AttentionConfig, sentence: Sentence, layer: int, layers: int, heads: list[int], weights: Tensor,
+            queries: list[str], keys: list[str]) -> Any:
+    query_labels, key_labels = [token_label(q) for q in queries], [token_label(k) for k in keys]
+    head_text = "all heads" if cfg.head == 0 else f"head {cfg.head}"
+    title = (f"{KIND_TITLES[cfg.kind]}, layer {layer} of {layers}, {head_text}\n"
+             f"source: {sentence.source}\ntarget ({sentence.target_from}): {sentence.target}")
+    if cfg.style == "heatmap":
+        return draw(weights, heads, query_labels, key_labels, title, axis_names(cfg.kind))
+    only = None if cfg.query is None else query_position(query_labels, cfg.query)
+    if only is not None:
+        title = title.replace(head_text, f"{head_text}, the attention of '{cfg.query}'")
+    return draw_lines(weights, heads, query_labels, key_labels, title, only)

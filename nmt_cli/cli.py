@@ -267,6 +267,8 @@ def attention(
     kind: Annotated[Optional[str], _opt(AttentionConfig, "kind", "--kind")] = None,
     layer: Annotated[Optional[int], _opt(AttentionConfig, "layer", "--layer")] = None,
     head: Annotated[Optional[int], _opt(AttentionConfig, "head", "--head")] = None,
+    style: Annotated[Optional[str], _opt(AttentionConfig, "style", "--style")] = None,
+    query: Annotated[Optional[str], _opt(AttentionConfig, "query", "--query")] = None,
     fmt: Annotated[Optional[str], _opt(AttentionConfig, "format", "--format")] = None,
     beam: Annotated[Optional[int], _opt(AttentionConfig, "beam", "--beam")] = None,
     dpi: Annotated[Optional[int], _opt(AttentionConfig, "dpi", "--dpi")] = None,
@@ -275,7 +277,7 @@ def attention(
 ) -> None:
     """Draw a model's attention weights on one sentence as heatmaps (or write them as JSON)."""
     values = dict(model=model, source=source, target=target, out=out, kind=kind, layer=layer, head=head,
-                  format=fmt, beam=beam, dpi=dpi)
+                  style=style, query=query, format=fmt, beam=beam, dpi=dpi)
     _run("attention", _resolve(AttentionConfig, config, values, sets))
 
 

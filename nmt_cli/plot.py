@@ -230,8 +230,7 @@ def _legends(figure: Any, ax: Any, logs: list[RunLog], colors: list[str]) -> Non
     from matplotlib.lines import Line2D
 
     runs = [Line2D([], [], color=c, linewidth=2.5, label=log.label) for log, c in zip(logs, colors, strict=True)]
-    figure.legend(handles=runs, loc="outside upper center", ncols=min(len(runs), 5), frameon=False, fontsize=12,
-                  title="training runs (nmt plot)" if len(runs) > 1 else "training run (nmt plot)")
+    figure.legend(handles=runs, loc="outside upper center", ncols=min(len(runs), 5), frameon=False, fontsize=12)
     styles = [Line2D([], [], color="0.25", linestyle="-", label="train"),
               Line2D([], [], color="0.25", linestyle="--", marker="o", markersize=3.5, label="validation")]
     ax.legend(handles=styles, loc="upper right", fontsize=9)

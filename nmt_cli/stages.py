@@ -214,6 +214,10 @@ class AttentionConfig:
         "encoder-decoder (cross) attention")
     layer: int = opt(0, "layer, 1-based (0: the last)")
     head: int = opt(0, "head, 1-based (0: every head of the layer, as a grid)")
+    style: Literal["heatmap", "lines"] = opt(
+        "heatmap", "heatmap: a grid of queries x keys per head; lines: as the paper's figures 3-5, queries above "
+        "keys joined by lines as strong as the weight, one colour per head")
+    query: str | None = opt(None, "lines: only the lines of this query token, as labelled (e.g. making; the first one)")
     format: Literal["picture", "json"] = opt(
         "picture", "picture: PNG or SVG by the --out suffix; json: the weights (layout in nmt_cli/attention.py)")
     beam: int = opt(4, "beam size of the translation when --target is not given")

@@ -18,7 +18,7 @@ import torch
 
 from conftest import assert_user_error, nmt
 from nmt_cli import checkpoint
-from nmt_cli.attention import attention_maps, figure_inches, recording, token_label
+from nmt_cli.attention import attention_maps, figure_inches, lines_inches, recording, token_label
 from nmt_cli.data import BOS, EOS, PAD
 from nmt_cli.model import Transformer
 from nmt_cli.stages import ModelConfig
@@ -196,8 +196,9 @@ def test_pictures_are_valid_png_and_svg(tiny_trained_model: Path, tmp_path: Path
     doc = json.loads(doc_out.read_text(encoding="utf-8"))
     assert doc["target"] == target and doc["target_from"] == "given"
     longest = max(len(s) for s in doc["query_labels"] + doc["key_labels"])
-    width, height = figure_inches(len(doc["query_tokens"]), len(doc["key_tokens"]), 4, longest)
-    assert _png_size(tmp_path / "grid.png") == (round(width * 50), round(height * 50))
+    title = f"Encoder-decoder attention, layer 2 of 2, all heads\nsource: {SOURCE}\ntarget (given): {target}"
+    width, height = figure_inches(len(doc["query_tokens"]), len(doc["key_tokens"]), 4, longest, title)
+    assert _png_size(tmp_path / "grid.png") == (int(width * 50), int(height * 50))  # matplotlib truncates
     pixels = matplotlib.image.imread(tmp_path / "grid.png")
     assert pixels.std() > 0.05, "the picture is blank"
 
@@ -205,6 +206,15 @@ def test_pictures_are_valid_png_and_svg(tiny_trained_model: Path, tmp_path: Path
         "--out", tmp_path / "one.svg")
     root = ET.parse(tmp_path / "one.svg").getroot()
     assert root.tag == "{http://www.w3.org/2000/svg}svg"
+
+    lines = tmp_path / "lines.png"  # the paper's style, the lines of one query token
+    nmt("attention", tiny_trained_model, "--source", SOURCE, "--target", target, "--style", "lines",
+        "--query", "sings", "--dpi", 50, "--out", lines)
+    title = f"Encoder self-attention, layer 2 of 2, all heads, the attention of 'sings'\nsource: {SOURCE}\n" \
+            f"target (given): {target}"
+    width, height = lines_inches(len(doc["key_tokens"]), max(len(s) for s in doc["key_labels"]), title)
+    assert _png_size(lines) == (int(width * 50), int(height * 50))
+    assert matplotlib.image.imread(lines).std() > 0.05
 
 
 def test_user_errors(tiny_trained_model: Path, tmp_path: Path) -> None:
@@ -214,6 +224,8 @@ def test_user_errors(tiny_trained_model: Path, tmp_path: Path) -> None:
         (["--out", tmp_path / "a.jpg"], ["a.jpg", ".png or .svg"]),
         (["--source", " "], ["--source is empty"]),
         (["--kind", "both"], ["kind", "encoder, decoder, cross"]),
+        (["--query", "cat"], ["--query", "--style lines"]),
+        (["--style", "lines", "--query", "dog"], ["--query 'dog' is not one of the query tokens: red c ##at sings"]),
     ]:
         base = {"--source": SOURCE, "--out": tmp_path / "a.png"}
         for flag, value in zip(args[::2], args[1::2], strict=True):

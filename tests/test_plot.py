@@ -116,3 +116,13 @@ def test_missing_matplotlib_is_named(tmp_path: Path) -> None:
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "blocked"), os.environ.get("PYTHONPATH", "")])}
     proc = nmt("plot", tmp_path / "run", "--out", tmp_path / "a.png", check=False, env=env)
     assert_user_error(proc, "needs matplotlib", "pip install 'nmt-cli[plot]'")
+
+
+def test_help_of_the_picture_commands_imports_neither_matplotlib_nor_torch(tmp_path: Path) -> None:
+    for name in ("matplotlib", "torch"):
+        blocker = tmp_path / "blocked" / name
+        blocker.mkdir(parents=True)
+        (blocker / "__init__.py").write_text(f"raise ImportError('{name} imported on the --help path')\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "blocked"), os.environ.get("PYTHONPATH", "")])}
+    assert "--x" in nmt("plot", "--help", env=env).stdout
+    assert "--kind" in nmt("attention", "--help", env=env).stdout
