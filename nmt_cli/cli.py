@@ -22,9 +22,11 @@ from nmt_cli import __version__
 from nmt_cli.config import help_of, resolve
 from nmt_cli.errors import NmtError, from_os_error
 from nmt_cli.stages import (
+    AttentionConfig,
     AverageConfig,
     BinarizeConfig,
     BpeConfig,
+    PlotConfig,
     PrepareConfig,
     ScoreConfig,
     TranslateConfig,
@@ -34,7 +36,8 @@ from nmt_cli.stages import TrainConfig as T
 
 app = typer.Typer(
     help="Neural machine translation: raw text to trained Transformer to BLEU. "
-    "Run the stages in order: prepare, bpe, binarize, train, average, translate, score.",
+    "Run the stages in order: prepare, bpe, binarize, train, average, translate, score; "
+    "look at a run with plot (training curves) and attention (a model's attention on a sentence).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -241,6 +244,43 @@ def score(
     """Score a translation: sacreBLEU with signature, chrF, and the paper's tokenized BLEU."""
     values = dict(hyp=hyp, ref=ref, test_set=test_set, langpair=langpair, out_json=out_json)
     _run("score", _resolve(ScoreConfig, config, values, sets))
+
+
+@app.command()
+def plot(
+    runs: Annotated[list[Path], typer.Argument(help=help_of(PlotConfig, "runs"), show_default=False)],
+    out: Annotated[Optional[Path], _opt(PlotConfig, "out", "--out", "-o")] = None,
+    x: Annotated[Optional[str], _opt(PlotConfig, "x", "--x")] = None,
+    dpi: Annotated[Optional[int], _opt(PlotConfig, "dpi", "--dpi")] = None,
+    config: ConfigFile = None,
+    sets: Sets = None,
+) -> None:
+    """Draw training curves (loss, perplexity, BLEU, learning rate) of one or more runs."""
+    values = dict(runs=runs, out=out, x=x, dpi=dpi)
+    _run("plot", _resolve(PlotConfig, config, values, sets))
+
+
+@app.command()
+def attention(
+    model: Annotated[Path, typer.Argument(help=help_of(AttentionConfig, "model"), show_default=False)],
+    source: Annotated[Optional[str], _opt(AttentionConfig, "source", "--source")] = None,
+    target: Annotated[Optional[str], _opt(AttentionConfig, "target", "--target")] = None,
+    out: Annotated[Optional[Path], _opt(AttentionConfig, "out", "--out", "-o")] = None,
+    kind: Annotated[Optional[str], _opt(AttentionConfig, "kind", "--kind")] = None,
+    layer: Annotated[Optional[int], _opt(AttentionConfig, "layer", "--layer")] = None,
+    head: Annotated[Optional[int], _opt(AttentionConfig, "head", "--head")] = None,
+    style: Annotated[Optional[str], _opt(AttentionConfig, "style", "--style")] = None,
+    query: Annotated[Optional[str], _opt(AttentionConfig, "query", "--query")] = None,
+    fmt: Annotated[Optional[str], _opt(AttentionConfig, "format", "--format")] = None,
+    beam: Annotated[Optional[int], _opt(AttentionConfig, "beam", "--beam")] = None,
+    dpi: Annotated[Optional[int], _opt(AttentionConfig, "dpi", "--dpi")] = None,
+    config: ConfigFile = None,
+    sets: Sets = None,
+) -> None:
+    """Draw a model's attention weights on one sentence as heatmaps (or write them as JSON)."""
+    values = dict(model=model, source=source, target=target, out=out, kind=kind, layer=layer, head=head,
+                  style=style, query=query, format=fmt, beam=beam, dpi=dpi)
+    _run("attention", _resolve(AttentionConfig, config, values, sets))
 
 
 def _resolve(cls: type, config: Path | None, values: dict[str, Any], sets: list[str] | None) -> Any:

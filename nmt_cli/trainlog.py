@@ -2,10 +2,18 @@
 tokens/s, ETA), plain ``key=value`` lines otherwise, and the same numbers as one JSON object per
 line in ``SAVE_DIR/train.jsonl`` (``"kind": "train"`` per log interval, ``"kind": "valid"`` per
 validation), optionally mirrored to TensorBoard.
+
+TensorBoard (``--tensorboard-dir``) gets every number of every record as a scalar named
+``KIND/FIELD`` (train/loss, train/ppl, train/lr, train/gnorm, train/tokens_per_second, valid/loss,
+valid/ppl, valid/bleu, ...) at step = update. It shows what train.jsonl holds: after a resume,
+train.jsonl has dropped the records of the updates that are trained again, and the event file
+written next starts with a purge marker (TensorBoard's SessionLog.START at the first update not in
+train.jsonl), so TensorBoard hides the old events of those updates instead of drawing them twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -26,7 +34,10 @@ class TrainLog:
         self.console = Console(stderr=True, soft_wrap=True, highlight=False)
         self.progress: Progress | None = None
         self.task = None
-        self.tensorboard = _tensorboard(tensorboard_dir) if enabled and tensorboard_dir else None
+        # The writer is opened with the first record, once a resume has truncated train.jsonl.
+        self.tensorboard_dir = tensorboard_dir if enabled else None
+        self.tensorboard = None
+        self.summary_writer = _summary_writer_class() if self.tensorboard_dir is not None else None
 
     def start(self, first_update: int, last_update: int | None) -> None:
         """Show the progress bar (terminals only) from `first_update` towards `last_update`."""
@@ -49,13 +60,16 @@ class TrainLog:
         """One JSON line in train.jsonl and one ``key=value`` line in the log."""
         if not self.enabled:
             return
+        if self.summary_writer is not None and self.tensorboard is None:
+            purge_from = last_update(self.path) + 1  # events from here on are not in train.jsonl (any more)
+            self.tensorboard = self.summary_writer(str(self.tensorboard_dir), purge_step=purge_from)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(fields) + "\n")
         self.info(" ".join(f"{k}={_show(v)}" for k, v in fields.items()))
         if self.tensorboard is not None:
             prefix = fields.get("kind", "train")
             for key, value in fields.items():
-                if isinstance(value, (int, float)) and key not in ("update", "kind"):
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("update", "kind"):
                     self.tensorboard.add_scalar(f"{prefix}/{key}", value, fields["update"])
 
     def info(self, text: str) -> None:
@@ -88,6 +102,17 @@ def truncate_after(path: Path, update: int) -> None:
     atomic_write_text(path, "".join(f"{line}\n" for line in kept))
 
 
+def last_update(path: Path) -> int:
+    """The highest update of the records in `path` (0 when there are none)."""
+    if not path.exists():
+        return 0
+    last = 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(json.JSONDecodeError, AttributeError, TypeError):
+            last = max(last, int(json.loads(line).get("update", 0)))
+    return last
+
+
 def _show(value: Any) -> str:
     if isinstance(value, float):
         if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e6) and math.isfinite(value):
@@ -96,9 +121,11 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def _tensorboard(folder: Path) -> Any:
+def _summary_writer_class() -> Any:
+    """torch's SummaryWriter, imported before training starts so that a missing package stops it early."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        raise NmtError("--tensorboard-dir needs the tensorboard package: pip install 'nmt-cli[tensorboard]'") from None
-    return SummaryWriter(str(folder))
+        raise NmtError("--tensorboard-dir needs the tensorboard package: pip install 'nmt-cli[tensorboard]' "
+                       "(or train without --tensorboard-dir)") from None
+    return SummaryWriter
