@@ -24,9 +24,10 @@ CFG = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, d_ff=32, heads
 
 
 def _state(update: int) -> dict:
-    """A training checkpoint as far as `load_latest` looks into it."""
+    """A training checkpoint as far as `load_latest` looks into it (the parts `load` checks are present)."""
     return {"kind": "checkpoint", "meta": {"update": update}, "train": {"update": update},
-            "model": {"w": torch.full((256,), float(update))}}
+            "model": {"w": torch.full((256,), float(update))}, "model_config": {},
+            "dictionary": {"symbols": [], "counts": []}, "spm_model": b"spm"}
 
 
 def _flip(path: Path, offset: int | None = None) -> None:
