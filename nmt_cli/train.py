@@ -125,7 +125,13 @@ class Trainer:
             path, state, problems = found
             for problem in problems:
                 log.warn(f"{problem}; skipped it")
-            for note in apply_resume(self, state):
+            try:
+                notes = apply_resume(self, state)
+            except (KeyError, TypeError, ValueError, IndexError) as e:  # a valid checksum over an unknown layout
+                raise NmtError(f"{path} has a training state this nmt cannot resume from ({type(e).__name__}: {e}); "
+                               "was it written by another nmt version? Use another --save-dir, or move the "
+                               "checkpoints away to start afresh") from None
+            for note in notes:
                 log.warn(note)
             self.saved_update = self.counters.update
             if self.ctx.is_main and state["meta"].get("best"):

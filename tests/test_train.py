@@ -91,6 +91,20 @@ def test_resume_continues_exactly(data_dir: Path, tmp_path: Path) -> None:
     assert_user_error(other, "d_ff: 64 vs 128", "another model")
 
 
+def test_a_training_state_of_another_layout_is_refused_by_name(data_dir: Path, tmp_path: Path) -> None:
+    """A checkpoint whose checksum is valid but whose training state lacks a part (another nmt version)
+    stops `nmt train` with a message naming the file, not a traceback."""
+    save = tmp_path / "run"
+    nmt("train", data_dir, "--save-dir", save, *SMALL, "--max-update", "2")
+    for path in save.glob("checkpoint*.pt"):
+        state = checkpoint.load(path)
+        del state["train"]["optimizer"]
+        path.unlink()
+        checkpoint.save(path, state)
+    proc = nmt("train", data_dir, "--save-dir", save, *SMALL, "--max-update", "4", check=False)
+    assert_user_error(proc, "checkpoint_last.pt has a training state this nmt cannot resume from", "optimizer")
+
+
 def test_kill_during_a_checkpoint_write_leaves_the_previous_one(data_dir: Path, tmp_path: Path) -> None:
     save = tmp_path / "run"
     cmd = [sys.executable, "-m", "nmt_cli", "train", str(data_dir), "--save-dir", str(save), *SMALL,
