@@ -43,7 +43,8 @@ def _records(save: Path, kind: str) -> list[dict]:
 
 
 def test_validation_perplexity_falls(multi30k_run: dict[str, Path]) -> None:
-    """Measured: valid perplexity MEASURE at update 100, MEASURE at update 700 (bf16). Bound: below 16."""
+    """Measured on 2 CPU cores: valid perplexity 258.8 at update 100, 11.4 at update 700 (bf16); valid
+    BLEU (first 200 sentences) 2.4 -> 28.8. Bound: below 16, and a third of the first."""
     valid = _records(multi30k_run["save"], "valid")
     assert [r["update"] for r in valid] == list(range(100, 701, 100))
     assert valid[-1]["ppl"] < 16.0 and valid[-1]["ppl"] < valid[0]["ppl"] / 3
@@ -51,7 +52,8 @@ def test_validation_perplexity_falls(multi30k_run: dict[str, Path]) -> None:
 
 
 def test_test_set_bleu(multi30k_run: dict[str, Path]) -> None:
-    """Measured: sacreBLEU MEASURE on test_2016_flickr after averaging the last 3 checkpoints. Bound: above 15."""
+    """Measured on 2 CPU cores: sacreBLEU 29.8 on test_2016_flickr after averaging the last 3 checkpoints
+    (BP 0.868). Bound: above 15, half of that."""
     scores = json.loads(multi30k_run["scores"].read_text())
     assert scores["sacrebleu"]["score"] > 15.0
     assert scores["sacrebleu"]["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
