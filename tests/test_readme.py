@@ -93,6 +93,9 @@ RUN_HERE = [c for c in (
     "nmt translate runs/quickstart/model.pt --input runs/quickstart/raw/valid.en --output runs/quickstart/valid.hyp.ty",
     "nmt translate runs/quickstart/model.pt < runs/quickstart/raw/valid.en > runs/quickstart/valid.greedy.ty --beam 1",
     "nmt train runs/quickstart/bin --arch transformer_big --save-dir runs/big --gpus 8 --dry-run",
+    "nmt plot runs/quickstart/checkpoints --out runs/quickstart/curves.png",
+    'nmt attention runs/quickstart/model.pt --source "every dark road brought the cities." --kind cross '
+    "--out runs/quickstart/cross.png",
     "nmt prepare local --src-lang en --tgt-lang de --train data/train --valid data/valid --test data/test "
     "--out runs/mine/raw",
 )]
@@ -113,5 +116,8 @@ def test_readme_commands_run(quickstart: Path, shared_data: Path, tmp_path: Path
     for split, name in (("train", "train"), ("valid", "valid"), ("test", "test_2016_flickr")):
         for lang in ("en", "de"):
             (data / f"{split}.{lang}").write_bytes((shared_data / "multi30k" / "en-de" / f"{name}.{lang}").read_bytes())
-    nmt(*shlex.split(RUN_HERE[3])[1:], cwd=tmp_path)
+    for command, picture in zip(RUN_HERE[3:5], ("curves.png", "cross.png"), strict=True):
+        nmt(*_in_quickstart(command, quickstart)[1:])
+        assert (quickstart / picture).read_bytes().startswith(b"\x89PNG")
+    nmt(*shlex.split(RUN_HERE[5])[1:], cwd=tmp_path)
     assert json.loads((tmp_path / "runs/mine/raw/manifest.json").read_text())["splits"]["test"]["lines"] == 1000
