@@ -251,6 +251,16 @@ def manifest_split_counts(manifest: dict[str, Any], folder: Path, key: str) -> d
     return counts
 
 
+def read_text_input(folder: Path, stage: str, command: str, out: Path) -> tuple[str, str, dict[str, int]]:
+    """(source language, target language, {split: lines} in file order) of the text folder `folder`,
+    from its manifest (written by `stage`, remade by `command`); refuses an --out that is `folder`."""
+    manifest = read_manifest(folder, stage, command)
+    src, tgt = manifest_languages(manifest, folder)
+    lines = manifest_split_counts(manifest, folder, "lines")
+    check_distinct_folders(out, folder)
+    return src, tgt, lines
+
+
 def check_output_file(path: Path, option: str) -> None:
     """Refuse an output file that could not be written, before any work is done: a path that is a
     folder, or one below a file."""

@@ -30,11 +30,8 @@ from rich.table import Table
 from nmt_cli.artifacts import (
     StageOutput,
     atomic_writer,
-    check_distinct_folders,
     is_done,
-    manifest_languages,
-    manifest_split_counts,
-    read_manifest,
+    read_text_input,
     say_done,
     sha256_file,
 )
@@ -50,10 +47,7 @@ BPE_COMMAND = "nmt bpe RAW --out BPE"
 def run(cfg: BinarizeConfig) -> None:
     if is_done(cfg.out, "binarize", cfg):
         return say_done(cfg.out, "binarize")
-    bpe = read_manifest(cfg.bpe, "bpe", BPE_COMMAND)
-    src, tgt = manifest_languages(bpe, cfg.bpe)
-    lines = manifest_split_counts(bpe, cfg.bpe, "lines")
-    check_distinct_folders(cfg.out, cfg.bpe)
+    src, tgt, lines = read_text_input(cfg.bpe, "bpe", BPE_COMMAND, cfg.out)
     if not (cfg.bpe / "spm.model").is_file():
         raise NmtError(f"{cfg.bpe}/spm.model is missing; run `{BPE_COMMAND}` again")
     sentencepiece_processor((cfg.bpe / "spm.model").read_bytes(), f"{cfg.bpe}/spm.model", f"run `{BPE_COMMAND}` again")

@@ -36,11 +36,8 @@ from rich.table import Table
 from nmt_cli.artifacts import (
     StageOutput,
     atomic_writer,
-    check_distinct_folders,
     is_done,
-    manifest_languages,
-    manifest_split_counts,
-    read_manifest,
+    read_text_input,
     say_done,
     sha256_file,
 )
@@ -55,10 +52,7 @@ PREPARE_COMMAND = "nmt prepare ... --out RAW"
 def run(cfg: BpeConfig) -> None:
     if is_done(cfg.out, "bpe", cfg):
         return say_done(cfg.out, "bpe")
-    raw = read_manifest(cfg.raw, "prepare", PREPARE_COMMAND)
-    src, tgt = manifest_languages(raw, cfg.raw)
-    lines = manifest_split_counts(raw, cfg.raw, "lines")
-    check_distinct_folders(cfg.out, cfg.raw)
+    src, tgt, lines = read_text_input(cfg.raw, "prepare", PREPARE_COMMAND, cfg.out)
     _check_settings(cfg)
     reused = load_model(cfg.model) if cfg.model is not None else None
     with StageOutput(cfg.out, "bpe", cfg) as stage:

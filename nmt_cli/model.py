@@ -50,13 +50,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool
     """
     if q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
-    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (B, H, T, L)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    if causal:
-        T, L = scores.shape[-2:]
-        scores = scores.masked_fill(torch.ones(T, L, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
-    weights = torch.softmax(scores.float(), dim=-1).to(v.dtype)
+    weights = attention_weights(q, k, mask, causal).to(v.dtype)
     if dropout > 0:
         weights = F.dropout(weights, dropout)
     return weights @ v
@@ -64,9 +58,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool
 
 def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
     """The softmax rows softmax(Q K^T / sqrt(K)) of `attention`, (B, H, T, L) in float32, masked
-    positions exactly 0. The same operations in the same order as its CPU path, so there they are
-    bit for bit the rows it multiplies V by; a GPU's fused kernel matches them to rounding. Only for
-    looking at attention (`nmt attention`): training and search never call it."""
+    positions exactly 0: on a CPU, the rows it multiplies V by; a GPU's fused kernel matches them to
+    rounding (`nmt attention` calls it there to look at them)."""
     scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (B, H, T, L)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
