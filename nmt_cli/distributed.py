@@ -168,8 +168,14 @@ def setup(cfg: TrainConfig) -> Context:
     if cuda:
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=30),
-                                device_id=device if cuda else None)
+        timeout = datetime.timedelta(minutes=30)
+        # torchrun's restarted workers meet in the store the dead group used, where its addresses are
+        # still written: a new worker could read a dead peer's address and fail to connect (pytorch
+        # issue 167288). Each restart gets keys of its own.
+        store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
+        store = dist.PrefixStore(f"nmt/restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+        dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=world,
+                                timeout=timeout, device_id=device if cuda else None)
     return Context(rank, world, local, device)
 
 
