@@ -219,14 +219,20 @@ def save_training(save_dir: Path, update: int, state: dict[str, Any], best: bool
     path = save_dir / f"checkpoint_{update}.pt"
     save(path, state)
     _pause_for_tests()  # the numbered file is in place, checkpoint_last.pt not yet
-    with open(path, "rb") as source, atomic_writer(save_dir / LAST) as target:
-        shutil.copyfileobj(source, target, 1 << 24)
+    copy_to_last(path)
     if best:
         _replace_with(path, save_dir / BEST)
     for _, old in numbered_checkpoints(save_dir)[: -keep_last if keep_last > 0 else None]:
         if old != path:
             old.unlink(missing_ok=True)
     return path
+
+
+def copy_to_last(path: Path) -> None:
+    """Make checkpoint_last.pt beside `path` a copy of it (atomically). Also what a resume from a
+    newer file than checkpoint_last.pt does: a crash between the two writes left it behind."""
+    with open(path, "rb") as source, atomic_writer(Path(path).with_name(LAST)) as target:
+        shutil.copyfileobj(source, target, 1 << 24)
 
 
 def relink_best(save_dir: Path, update: int) -> None:

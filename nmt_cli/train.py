@@ -134,6 +134,8 @@ class Trainer:
             for note in notes:
                 log.warn(note)
             self.saved_update = self.counters.update
+            if self.ctx.is_main and path.name != checkpoint.LAST:
+                checkpoint.copy_to_last(path)
             if self.ctx.is_main and state["meta"].get("best"):
                 checkpoint.relink_best(save_dir, self.counters.update)
             log.info(f"resuming from {path} at update {self.counters.update} (epoch {self.counters.epoch}, "

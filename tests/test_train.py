@@ -91,6 +91,18 @@ def test_resume_continues_exactly(data_dir: Path, tmp_path: Path) -> None:
     assert_user_error(other, "d_ff: 64 vs 128", "another model")
 
 
+def test_a_resume_from_a_newer_numbered_checkpoint_brings_checkpoint_last_up_to_date(data_dir: Path, tmp_path: Path) -> None:
+    """A crash between checkpoint_6.pt and its copy checkpoint_last.pt (here: last holds update 3)
+    and a rerun that has nothing left to train: checkpoint_last.pt still ends at update 6."""
+    save = tmp_path / "run"
+    args = [*SMALL, "--save-interval-updates", "3", "--max-update", "6"]
+    nmt("train", data_dir, "--save-dir", save, *args)
+    (save / "checkpoint_last.pt").write_bytes((save / "checkpoint_3.pt").read_bytes())
+    again = nmt("train", data_dir, "--save-dir", save, *args)
+    assert "checkpoint_6.pt at update 6" in again.stderr
+    assert checkpoint.load(save / "checkpoint_last.pt")["train"]["update"] == 6
+
+
 def test_a_training_state_of_another_layout_is_refused_by_name(data_dir: Path, tmp_path: Path) -> None:
     """A checkpoint whose checksum is valid but whose training state lacks a part (another nmt version)
     stops `nmt train` with a message naming the file, not a traceback."""
