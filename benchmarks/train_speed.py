@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import os
 import resource
 import sys
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import sentencepiece as spm
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -73,6 +75,15 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 8) -> float:
     return 2 * n**3 / best
 
 
+def tiny_sentencepiece_model(symbols: list[str]) -> bytes:
+    """A real sentencepiece model (training checks that the folder has one); the ids are synthetic."""
+    model = io.BytesIO()
+    lines = (" ".join(symbols[i : i + 20]) for i in range(0, len(symbols), 20))
+    spm.SentencePieceTrainer.train(sentence_iterator=lines, model_writer=model, vocab_size=40, model_type="bpe",
+                                   minloglevel=2)
+    return model.getvalue()
+
+
 def synthetic_corpus(out: Path, vocab: int, pairs: int, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     symbols = [f"w{i}" for i in range(vocab - 4)]
@@ -81,7 +92,7 @@ def synthetic_corpus(out: Path, vocab: int, pairs: int, seed: int = 0) -> Path:
     tgt_len = np.clip(src_len * rng.normal(1.1, 0.15, pairs), 2, 200).astype(np.int64)
     with StageOutput(out, "binarize", BinarizeConfig(bpe=Path("synthetic"), out=out)) as stage:
         dictionary.save(out / "dict.txt")
-        (out / "spm.model").write_bytes(b"synthetic: no sentencepiece model")
+        (out / "spm.model").write_bytes(tiny_sentencepiece_model(symbols))  # read only at loading
         for split, n in (("train", pairs), ("valid", 16)):
             for lang, lengths in (("src", src_len[:n]), ("tgt", tgt_len[:n])):
                 writer = IndexedWriter(out / f"{split}.{lang}", token_dtype(vocab))
