@@ -54,6 +54,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=TranslateConfig.max_tokens)
     parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="instead of the table: torch's profile of beam 4 (first dtype) on N sentences, one thread")
     args = parser.parse_args()
     keep_freed_memory()  # as `nmt translate` does on the CPU: one torch thread per batch searched at once
     torch.set_num_threads(1)
@@ -64,6 +66,8 @@ def main() -> None:
     print(f"model {args.model}: {model.cfg.encoder_layers}+{model.cfg.decoder_layers} layers, d_model "
           f"{model.cfg.d_model}, vocabulary {len(dictionary)}; {len(lines)} sentences of {args.source.name}, "
           f"{args.threads} threads, torch {torch.__version__}")
+    if args.profile:
+        return profile(model, dictionary, sp, lines[: args.profile], args)
     print(f"{'search':<8} {'dtype':<5} {'decoder':<13} {'sentences':>9} {'seconds':>8} {'cpu s':>7} "
           f"{'sent/s':>8} {'tok/s':>8} {'out len':>7} {'BLEU':>6}")
     for dtype_name in args.dtypes.split(","):
@@ -81,6 +85,21 @@ def main() -> None:
                       f"{cpu_seconds:>7.1f} "
                       f"{len(subset) / seconds:>8.1f} {tokens / seconds:>8.0f} {tokens / len(subset):>7.1f} "
                       f"{bleu:>6.2f}", flush=True)
+
+
+def profile(model: torch.nn.Module, dictionary, sp: spm.SentencePieceProcessor, lines: list[str],
+            args: argparse.Namespace) -> None:
+    """Where beam search spends its time, by torch operation (self CPU time)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtypes.split(",")[0]]
+    cfg = TranslateConfig(model=args.model, beam=4, max_tokens=args.max_tokens)
+    translator = Translator(model.to(dtype), dictionary, sp, cfg, lambda _: None, workers=1)
+    measure(translator, lines[:20], cached=True)  # warm-up
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        measure(translator, lines, cached=True)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
 if __name__ == "__main__":
