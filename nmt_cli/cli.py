@@ -177,6 +177,7 @@ def train(
     valid_bleu: Annotated[Optional[bool], _opt(T, "valid_bleu", "--valid-bleu/--no-valid-bleu")] = None,
     tensorboard_dir: Annotated[Optional[Path], _opt(T, "tensorboard_dir", "--tensorboard-dir")] = None,
     dry_run: Annotated[Optional[bool], _opt(T, "dry_run", "--dry-run")] = None,
+    try_largest_batch: Annotated[Optional[bool], _opt(T, "try_largest_batch", "--try-largest-batch")] = None,
     config: ConfigFile = None,
     sets: Sets = None,
 ) -> None:
@@ -187,7 +188,7 @@ def train(
                   max_epoch=max_epoch, max_time_hours=max_time_hours, precision=precision, device=device,
                   seed=seed, save_interval_minutes=save_interval_minutes,
                   save_interval_updates=save_interval_updates, keep_last=keep_last, valid_bleu=valid_bleu,
-                  tensorboard_dir=tensorboard_dir, dry_run=dry_run)
+                  tensorboard_dir=tensorboard_dir, dry_run=dry_run, try_largest_batch=try_largest_batch)
     _run("train", _resolve(T, config, values, sets))
 
 

@@ -251,8 +251,7 @@ def test_out_of_memory_in_the_synchronising_backward_stops_cleanly(train_data: P
 
 @pytest.mark.slow
 def test_dry_run_tries_the_largest_batch(train_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    args = ["train", train_data, "--save-dir", tmp_path / "run", *TINY_TRAIN, "--dry-run", "--set",
-            "try_largest_batch=true"]
+    args = ["train", train_data, "--save-dir", tmp_path / "run", *TINY_TRAIN, "--dry-run", "--try-largest-batch"]
     assert "largest batch: fits on cpu" in nmt(*args).stdout
     cfg = dataclasses.replace(train_base("transformer_tiny"), data=train_data, save_dir=tmp_path / "run",
                               precision="fp32", max_tokens=256, dry_run=True, try_largest_batch=True,
