@@ -25,17 +25,17 @@ forward pass at every step; tests compare the two.
 
 from __future__ import annotations
 
-import contextlib
+import itertools
 import math
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from nmt_cli.data import BOS, EOS, PAD, batch_by_size
+from nmt_cli.data import BOS, EOS, PAD
 from nmt_cli.model import Transformer
 from nmt_cli.stages import TranslateConfig
 
@@ -202,14 +202,15 @@ def translate_ids(model: Transformer, sources: Sequence[Sequence[int]], cfg: Tra
                   on_batch: Callable[[int], None] | None = None, workers: int = 1,
                   cached: bool = True) -> list[list[Hypothesis]]:
     """Translate token-id sequences (each ending in EOS, none longer than the model's
-    max_positions), in length-sorted batches of at most `cfg.max_tokens` padded source tokens.
-    Returns each source's n-best list in input order; `on_batch(n)` after each batch of n sentences.
-    Uses cfg's beam, nbest, lenpen, max_len_a, max_len_b and max_tokens; the model's device.
+    max_positions) in batches of similar length, longest first, of at most `cfg.max_tokens` padded
+    source tokens. Returns each source's n-best list in input order; `on_batch(n)` after each batch of
+    n sentences. Uses cfg's beam, nbest, lenpen, max_len_a, max_len_b and max_tokens; the model's device.
 
     `workers` > 1 searches that many batches at once in threads (torch releases the GIL inside its
     operations): on the CPU, with torch's own threads set to 1, this uses the cores far better than
-    torch's threads inside each small operation (measured 1.65x vs 1.2x on 2 cores). Batches are
-    then made small enough that every worker gets several, longest first. `cached=False`: see `beam_search`.
+    torch's threads inside each small operation (measured 1.65x vs 1.2x on 2 cores). A batch is then
+    made when a worker is free, from the tokens not yet handed out (`_batches`): large while much is
+    left, small at the end, so that the workers finish together. `cached=False`: see `beam_search`.
     """
     results: list[list[Hypothesis]] = [[] for _ in sources]
     if not sources:
@@ -217,8 +218,6 @@ def translate_ids(model: Transformer, sources: Sequence[Sequence[int]], cfg: Tra
     device = next(model.parameters()).device
     sizes = np.array([len(s) for s in sources], dtype=np.int64)
     assert sizes.min() >= 1 and sizes.max() <= model.cfg.max_positions
-    budget = cfg.max_tokens if workers <= 1 else min(cfg.max_tokens, max(int(sizes.sum()) // (2 * workers), 1))
-    batches = batch_by_size(np.arange(len(sources)), sizes, sizes, budget)[::-1]
 
     def search(batch: np.ndarray) -> tuple[np.ndarray, list[list[Hypothesis]]]:
         src = torch.full((len(batch), int(sizes[batch].max())), PAD, dtype=torch.long)
@@ -227,16 +226,45 @@ def translate_ids(model: Transformer, sources: Sequence[Sequence[int]], cfg: Tra
         return batch, beam_search(model, src.to(device), beam=cfg.beam, nbest=cfg.nbest, lenpen=cfg.lenpen,
                                   max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b, cached=cached)
 
-    with contextlib.ExitStack() as stack:
-        searched = map(search, batches)
-        if workers > 1:
-            searched = stack.enter_context(ThreadPoolExecutor(workers)).map(search, batches)
-        for batch, hypotheses in searched:
-            for i, found in zip(batch.tolist(), hypotheses, strict=True):
-                results[i] = found
-            if on_batch is not None:
-                on_batch(len(batch))
+    def record(batch: np.ndarray, hypotheses: list[list[Hypothesis]]) -> None:
+        for i, found in zip(batch.tolist(), hypotheses, strict=True):
+            results[i] = found
+        if on_batch is not None:
+            on_batch(len(batch))
+
+    batches = _batches(sizes, cfg.max_tokens, workers)
+    if workers <= 1:
+        for batch in batches:
+            record(*search(batch))
+        return results
+    with ThreadPoolExecutor(workers) as pool:
+        running = {pool.submit(search, batch) for batch in itertools.islice(batches, workers)}
+        while running:
+            finished, running = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                record(*future.result())
+                running.update(pool.submit(search, batch) for batch in itertools.islice(batches, 1))
     return results
+
+
+SMALLEST_SHARED_BATCH = 3072  # padded source tokens: smaller batches cost more than a worker waiting
+
+
+def _batches(sizes: np.ndarray, max_tokens: int, workers: int) -> Iterator[np.ndarray]:
+    """Indices of `sizes` in batches, longest first, each of at most `max_tokens` padded tokens (a
+    longer sentence alone). For several workers, each batch holds at most 1 / workers of the tokens
+    not yet handed out (but at least SMALLEST_SHARED_BATCH): guided self-scheduling, made lazily as
+    workers come free, so that the last batches are small and the workers finish together (measured
+    on 2 cores, 1000 sentences of newstest2014: 7.7 s against 8.45 s for equal batches handed out in turn)."""
+    order = np.argsort(-sizes, kind="stable")
+    start, left = 0, int(sizes.sum())
+    while start < len(order):
+        budget = max_tokens
+        if workers > 1:
+            budget = min(max_tokens, max(left // workers, SMALLEST_SHARED_BATCH))
+        batch = order[start : start + max(budget // int(sizes[order[start]]), 1)]
+        start, left = start + len(batch), left - int(sizes[batch].sum())
+        yield batch
 
 
 # -- the reference ------------------------------------------------------------------------------

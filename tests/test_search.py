@@ -7,13 +7,22 @@ import itertools
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from nmt_cli import checkpoint
 from nmt_cli.data import BOS, EOS, PAD
 from nmt_cli.model import Transformer
-from nmt_cli.search import beam_search, length_penalty, max_output_lengths, reference_search, translate_ids
+from nmt_cli.search import (
+    SMALLEST_SHARED_BATCH,
+    _batches,
+    beam_search,
+    length_penalty,
+    max_output_lengths,
+    reference_search,
+    translate_ids,
+)
 from nmt_cli.stages import ModelConfig, TranslateConfig
 
 TINY = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0, max_positions=64)
@@ -75,6 +84,22 @@ def test_decode_step_with_beams_equals_full_forward() -> None:
             enc, cache = model.reorder(enc, cache, order)
             history = torch.cat([history[order], prefixes[order, step : step + 1]], 1)
             tokens = history[:, -1]
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_batches_hold_every_sentence_once_longest_first_within_the_budget(workers: int) -> None:
+    sizes = np.random.default_rng(workers).integers(1, 120, size=3000)
+    batches = list(_batches(sizes, max_tokens=12000, workers=workers))
+    assert sorted(np.concatenate(batches).tolist()) == list(range(len(sizes)))
+    lengths = np.concatenate([sizes[b] for b in batches])
+    assert (np.diff(lengths) <= 0).all()  # longest first, and each batch's first sentence is its longest
+    assert all(len(b) * sizes[b].max() <= 12000 for b in batches)
+    padded = [len(b) * int(sizes[b].max()) for b in batches]
+    if workers == 1:
+        assert all(p > 12000 - sizes[b].max() for p, b in zip(padded[:-1], batches[:-1], strict=True))  # full batches
+    else:  # guided: shrinking towards the end, but never below the smallest shared batch (the last aside)
+        assert padded[-2] < padded[0] / 2
+        assert all(p + 120 > SMALLEST_SHARED_BATCH for p in padded[:-1])
 
 
 @pytest.mark.parametrize("beam,nbest,alpha", [(1, 1, 0.6), (4, 1, 0.6), (4, 4, 1.0), (5, 2, 0.0), (3, 1, -0.5)])
