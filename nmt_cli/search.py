@@ -243,7 +243,8 @@ def translate_ids(model: Transformer, sources: Sequence[Sequence[int]], cfg: Tra
             finished, running = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
                 record(*future.result())
-                running.update(pool.submit(search, batch) for batch in itertools.islice(batches, 1))
+                if (batch := next(batches, None)) is not None:
+                    running.add(pool.submit(search, batch))
     return results
 
 
