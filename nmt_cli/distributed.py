@@ -198,7 +198,8 @@ def wrap(model: nn.Module, ctx: Context) -> nn.Module:
     if not ctx.distributed:
         return model
     ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+    # the only buffer is the sinusoid table, the same on every worker: no need to sync it at each forward
+    return DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False)
 
 
 @contextlib.contextmanager
