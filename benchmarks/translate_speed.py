@@ -8,7 +8,9 @@ translate` runs) and without any cache (every step re-runs the full model over t
 the slow reference), measured in the same run, both with `--threads` batches searched at
 once on one torch thread each, as `nmt translate` does on the CPU. The uncached search is timed on the first
 `--reference-sentences` sentences only (it is quadratic); its rates are per sentence all the same.
-Times cover the search and sentencepiece encoding/decoding, not model loading; `cpu s` is the
+With `--compile`, also rows of the decoder step compiled as `nmt translate --compile` runs it
+(one batch at a time on all `--threads`), timed after compiling; how long compiling took is printed
+below each such row. Times cover the search and sentencepiece encoding/decoding, not model loading; `cpu s` is the
 CPU time of all threads (well below seconds x threads when other processes share the cores). Also
 prints sacreBLEU of each output, as a check of what the model is.
 """
@@ -17,17 +19,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `nmt translate` does; must precede `import torch`
+if "--compile" not in sys.argv:  # as `nmt translate` does; must precede `import torch`
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import sacrebleu
 import sentencepiece as spm
 import torch
 
 from nmt_cli import checkpoint
-from nmt_cli.search import translate_ids
+from nmt_cli.search import compile_decoder, translate_ids
 from nmt_cli.stages import TranslateConfig
 from nmt_cli.translate import Translator, keep_freed_memory
 
@@ -54,6 +58,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=TranslateConfig.max_tokens)
     parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--compile", action="store_true", help="also time the search with the decoder step compiled")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="instead of the table: torch's profile of beam 4 (first dtype) on N sentences, one thread")
     args = parser.parse_args()
@@ -78,13 +83,34 @@ def main() -> None:
             measure(translator, lines[:20], cached=True)  # warm-up: thread pools, kernel selection
             for cached in (True, False):
                 subset = lines if cached else lines[: args.reference_sentences]
-                seconds, cpu_seconds, tokens, outputs = measure(translator, subset, cached)
-                bleu = sacrebleu.corpus_bleu(outputs, [refs[: len(subset)]]).score
-                print(f"{'beam 4' if beam == 4 else 'greedy':<8} {dtype_name:<5} "
-                      f"{'incremental' if cached else 'full forward':<13} {len(subset):>9} {seconds:>8.2f} "
-                      f"{cpu_seconds:>7.1f} "
-                      f"{len(subset) / seconds:>8.1f} {tokens / seconds:>8.0f} {tokens / len(subset):>7.1f} "
-                      f"{bleu:>6.2f}", flush=True)
+                print_row(beam, dtype_name, "incremental" if cached else "full forward", subset,
+                          *measure(translator, subset, cached), refs)
+            if args.compile:
+                measure_compiled(translator, beam, dtype_name, lines, refs, args.threads)
+
+
+def print_row(beam: int, dtype_name: str, decoder: str, subset: list[str], seconds: float, cpu_seconds: float,
+              tokens: int, outputs: list[str], refs: list[str]) -> None:
+    bleu = sacrebleu.corpus_bleu(outputs, [refs[: len(subset)]]).score
+    print(f"{'beam 4' if beam == 4 else 'greedy':<8} {dtype_name:<5} {decoder:<13} {len(subset):>9} {seconds:>8.2f} "
+          f"{cpu_seconds:>7.1f} {len(subset) / seconds:>8.1f} {tokens / seconds:>8.0f} {tokens / len(subset):>7.1f} "
+          f"{bleu:>6.2f}", flush=True)
+
+
+def measure_compiled(translator: Translator, beam: int, dtype_name: str, lines: list[str], refs: list[str],
+                     threads: int) -> None:
+    """The row of the compiled decoder step: one batch at a time on `threads` torch threads."""
+    torch.set_num_threads(threads)
+    start = time.perf_counter()
+    compile_decoder(translator.model, beam)
+    compiling = time.perf_counter() - start
+    compiled = Translator(translator.model, translator.dictionary, translator.sp, translator.cfg, lambda _: None)
+    measure(compiled, lines[:20], cached=True)  # warm-up
+    print_row(beam, dtype_name, "compiled", lines, *measure(compiled, lines, cached=True), refs)
+    print(f"{'':<8} (compiling took {compiling:.1f} s, not counted above)", flush=True)
+    del translator.model.decode_step  # the eager method again
+    torch._dynamo.reset()  # the next row compiles afresh, not among this row's graphs
+    torch.set_num_threads(1)
 
 
 def profile(model: torch.nn.Module, dictionary, sp: spm.SentencePieceProcessor, lines: list[str],

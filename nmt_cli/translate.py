@@ -33,7 +33,7 @@ from nmt_cli.bpe import sentencepiece_processor
 from nmt_cli.data import EOS, Dictionary
 from nmt_cli.errors import NmtError
 from nmt_cli.model import Transformer
-from nmt_cli.search import Hypothesis, translate_ids
+from nmt_cli.search import Hypothesis, compile_decoder, translate_ids
 from nmt_cli.stages import TranslateConfig
 
 # Every character that could end or split a line for some reader (str.splitlines breaks on all
@@ -196,19 +196,29 @@ def keep_freed_memory() -> None:
 def load_translator(cfg: TranslateConfig, warn: Warn) -> Translator:
     """The model of `cfg.model` on its device and dtype. On the CPU, `threads` batches are searched
     at once, each on one torch thread: that keeps the cores busier than torch's threads inside each
-    (small) operation of a decoding step."""
+    (small) operation of a decoding step. A compiled decoder (`cfg.compile`) searches one batch at a
+    time on all threads: its kernels are few and large, and dynamo must not run in two threads."""
     device, dtype = _device_and_dtype(cfg)
     workers = 1
     if device.type == "cpu":
         keep_freed_memory()
-        workers = cfg.threads if cfg.threads > 0 else torch.get_num_threads()
-        torch.set_num_threads(1)
+        threads = cfg.threads if cfg.threads > 0 else torch.get_num_threads()
+        workers = 1 if cfg.compile else threads
+        torch.set_num_threads(threads if cfg.compile else 1)
     elif cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     model, dictionary, spm_bytes = checkpoint.load_model(cfg.model, device)
     sp = sentencepiece_processor(spm_bytes, f"the sentencepiece model inside {cfg.model}",
                                  "the file is damaged or was not written by nmt")
-    return Translator(model.to(dtype), dictionary, sp, cfg, warn, workers)
+    model = model.to(dtype)
+    if cfg.compile:
+        try:
+            compile_decoder(model, cfg.beam)
+        except Exception as e:  # torch.compile fails in many ways (no compiler, an unsupported platform)
+            reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+            raise NmtError(f"--compile: torch.compile could not compile the decoder ({reason}); install a C++ "
+                           "compiler (g++, or name yours in $CXX), or translate without --compile") from None
+    return Translator(model, dictionary, sp, cfg, warn, workers)
 
 
 def _chunks(stream: IO[bytes], size: int) -> Iterator[list[bytes]]:
@@ -241,6 +251,9 @@ def translate_stream(translator: Translator, stream: IO[bytes], out: IO[bytes], 
 
 def run(cfg: TranslateConfig) -> None:
     _check(cfg)
+    if cfg.compile:
+        print("translate: compiling the decoder step with torch.compile (a minute or more the first time, "
+              "less once cached)", file=sys.stderr, flush=True)
     translator = load_translator(cfg, _stderr_warn)
     interactive = cfg.input is None and sys.stdin.isatty()
     start = time.perf_counter()

@@ -3,10 +3,12 @@ interactive use from a terminal, and clear refusals of bad model files."""
 
 from __future__ import annotations
 
+import functools
 import os
 import pty
 import random
 import select
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -151,3 +153,38 @@ def test_missing_cuda_and_cpu_fp16_are_refused(tiny_trained_model: Path) -> None
         run(TranslateConfig(model=tiny_trained_model, device="cuda"))
     with pytest.raises(NmtError, match="bf16"):
         run(TranslateConfig(model=tiny_trained_model, device="cpu", dtype="fp16"))
+
+
+@functools.cache
+def _why_torch_compile_cannot_run() -> str | None:
+    """None where torch.compile works on this machine's CPU (it needs a C++ compiler and headers),
+    else why not: the compiled-decoder test then skips, as a user's `--compile` would fail clearly."""
+    if shutil.which(os.environ.get("CXX", "g++")) is None:
+        return f"torch.compile on the CPU needs a C++ compiler ({os.environ.get('CXX', 'g++')}); none found"
+    probe = "import torch; print(torch.compile(lambda x: x.sin() + 1)(torch.ones(3)).sum().item())"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
+    return None if proc.returncode == 0 else f"torch.compile fails here: {proc.stderr.strip().splitlines()[-1:]}"
+
+
+def test_compiled_decoder_translates_as_the_eager_one(tiny_trained_model: Path, tmp_path: Path) -> None:
+    """--compile (one search on all threads, fused kernels) gives the eager decoder's translations in
+    fp32, batches of several sentences and single ones alike, beam 4 and greedy."""
+    lines = toy_sentences(30, seed=11, max_words=12)
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    cache = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # compiled here, not found in a cache
+    for beam in (4, 1):
+        eager, compiled = tmp_path / f"eager{beam}.txt", tmp_path / f"compiled{beam}.txt"
+        nmt("translate", tiny_trained_model, "-i", src, "-o", eager, "--beam", beam, "--max-tokens", 60)
+        proc = nmt("translate", tiny_trained_model, "-i", src, "-o", compiled, "--beam", beam, "--max-tokens", 60,
+                   "--compile", "--threads", 2, env=cache)
+        assert "compiling the decoder" in proc.stderr and "recompile_limit" not in proc.stderr
+        assert compiled.read_text(encoding="utf-8") == eager.read_text(encoding="utf-8")
+    assert len(set(eager.read_text(encoding="utf-8").splitlines())) > 20  # real, differing translations
+
+
+def test_compile_without_a_compiler_is_a_clear_error(tiny_trained_model: Path, tmp_path: Path) -> None:
+    proc = nmt("translate", tiny_trained_model, "--compile", check=False, input="red cat\n",
+               env={"CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+    assert_user_error(proc, "--compile", "C++ compiler", "without --compile")
+    assert proc.stdout == ""
