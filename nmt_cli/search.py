@@ -196,7 +196,7 @@ def beam_search(model: Transformer, src: Tensor, *, beam: int, nbest: int, lenpe
 
 
 def compile_decoder(model: Transformer, beam: int) -> None:
-    """From now on run `model.decode_step` through torch.compile, and compile it here, on tiny
+    """From now on run `model.decode_step` through torch.compile, and compile it here, on small
     batches searched with `beam`, so that a failure (no C++ compiler) shows before any work starts.
 
     Inductor fuses each layer's attention over the cache, its softmax and the elementwise work into

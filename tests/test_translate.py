@@ -3,7 +3,6 @@ interactive use from a terminal, and clear refusals of bad model files."""
 
 from __future__ import annotations
 
-import functools
 import os
 import pty
 import random
@@ -155,7 +154,6 @@ def test_missing_cuda_and_cpu_fp16_are_refused(tiny_trained_model: Path) -> None
         run(TranslateConfig(model=tiny_trained_model, device="cpu", dtype="fp16"))
 
 
-@functools.cache
 def _why_torch_compile_cannot_run() -> str | None:
     """None where torch.compile works on this machine's CPU (it needs a C++ compiler and headers),
     else why not: the compiled-decoder test then skips, as a user's `--compile` would fail clearly."""
@@ -163,7 +161,7 @@ def _why_torch_compile_cannot_run() -> str | None:
         return f"torch.compile on the CPU needs a C++ compiler ({os.environ.get('CXX', 'g++')}); none found"
     probe = "import torch; print(torch.compile(lambda x: x.sin() + 1)(torch.ones(3)).sum().item())"
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
-    return None if proc.returncode == 0 else f"torch.compile fails here: {proc.stderr.strip().splitlines()[-1:]}"
+    return None if proc.returncode == 0 else f"torch.compile fails here: {(proc.stderr.strip().splitlines() or [''])[-1]}"
 
 
 def test_compiled_decoder_translates_as_the_eager_one(tiny_trained_model: Path, tmp_path: Path) -> None:
