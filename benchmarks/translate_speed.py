@@ -9,9 +9,11 @@ the slow reference), measured in the same run, both with `--threads` batches sea
 once on one torch thread each, as `nmt translate` does on the CPU. The uncached search is timed on the first
 `--reference-sentences` sentences only (it is quadratic); its rates are per sentence all the same.
 With `--compile`, also rows of the decoder step compiled as `nmt translate --compile` runs it
-(one batch at a time on all `--threads`), timed after compiling; how long compiling took is printed
-below each such row. Times cover the search and sentencepiece encoding/decoding, not model loading; `cpu s` is the
-CPU time of all threads (well below seconds x threads when other processes share the cores). Also
+(`--threads` worker processes, each with its own copy of the model compiled on one thread), timed
+after compiling; how long starting them and compiling took is printed below each such row. Times
+cover the search and sentencepiece encoding/decoding, not model loading; `cpu s` is the CPU time of
+all threads (well below seconds x threads when other processes share the cores; not shown for the
+worker processes). Also
 prints sacreBLEU of each output, as a check of what the model is.
 """
 
@@ -19,32 +21,34 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
-if "--compile" not in sys.argv:  # as `nmt translate` does; must precede `import torch`
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `nmt translate` does; must precede `import torch`
 
 import sacrebleu
 import sentencepiece as spm
 import torch
 
 from nmt_cli import checkpoint
-from nmt_cli.search import compile_decoder, translate_ids
+from nmt_cli.replicas import Replicas
+from nmt_cli.search import keep_freed_memory, translate_ids
 from nmt_cli.stages import TranslateConfig
-from nmt_cli.translate import Translator, keep_freed_memory
+from nmt_cli.translate import Translator
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "wmt14-newstest2014" / "en-de"
 
 
-def measure(translator: Translator, lines: list[str], cached: bool) -> tuple[float, float, int, list[str]]:
+def measure(translator: Translator, lines: list[str], cached: bool) -> tuple[float, float | None, int, list[str]]:
     """(wall seconds, CPU seconds of all threads, target tokens with EOS, detokenized outputs)."""
     start, cpu_start = time.perf_counter(), time.process_time()
     sources = [translator.encode(line, i + 1) for i, line in enumerate(lines)]
-    found = translate_ids(translator.model, sources, translator.cfg, workers=translator.workers, cached=cached)
+    found = translate_ids(translator.model, sources, translator.cfg, workers=translator.workers, cached=cached,
+                          replicas=translator.replicas)
     outputs = [translator.decode(h[0].tokens) for h in found]
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    if translator.replicas is not None:
+        cpu_seconds = None  # spent in the worker processes
     return seconds, cpu_seconds, sum(len(h[0].tokens) + 1 for h in found), outputs
 
 
@@ -89,28 +93,29 @@ def main() -> None:
                 measure_compiled(translator, beam, dtype_name, lines, refs, args.threads)
 
 
-def print_row(beam: int, dtype_name: str, decoder: str, subset: list[str], seconds: float, cpu_seconds: float,
+def print_row(beam: int, dtype_name: str, decoder: str, subset: list[str], seconds: float, cpu_seconds: float | None,
               tokens: int, outputs: list[str], refs: list[str]) -> None:
     bleu = sacrebleu.corpus_bleu(outputs, [refs[: len(subset)]]).score
+    cpu = "-" if cpu_seconds is None else f"{cpu_seconds:.1f}"
     print(f"{'beam 4' if beam == 4 else 'greedy':<8} {dtype_name:<5} {decoder:<13} {len(subset):>9} {seconds:>8.2f} "
-          f"{cpu_seconds:>7.1f} {len(subset) / seconds:>8.1f} {tokens / seconds:>8.0f} {tokens / len(subset):>7.1f} "
+          f"{cpu:>7} {len(subset) / seconds:>8.1f} {tokens / seconds:>8.0f} {tokens / len(subset):>7.1f} "
           f"{bleu:>6.2f}", flush=True)
 
 
 def measure_compiled(translator: Translator, beam: int, dtype_name: str, lines: list[str], refs: list[str],
                      threads: int) -> None:
-    """The row of the compiled decoder step: one batch at a time on `threads` torch threads."""
-    torch.set_num_threads(threads)
+    """The row of the compiled decoder step as `nmt translate --compile` runs it: `threads` worker
+    processes, each with its own compiled copy of the model on one thread."""
+    dtype = next(translator.model.parameters()).dtype
     start = time.perf_counter()
-    compile_decoder(translator.model, beam)
-    compiling = time.perf_counter() - start
-    compiled = Translator(translator.model, translator.dictionary, translator.sp, translator.cfg, lambda _: None)
-    measure(compiled, lines[:20], cached=True)  # warm-up
-    print_row(beam, dtype_name, "compiled", lines, *measure(compiled, lines, cached=True), refs)
-    print(f"{'':<8} (compiling took {compiling:.1f} s, not counted above)", flush=True)
-    del translator.model.decode_step  # the eager method again
-    torch._dynamo.reset()  # the next row compiles afresh, not among this row's graphs
-    torch.set_num_threads(1)
+    with Replicas(translator.cfg, dtype, threads) as replicas:
+        compiling = time.perf_counter() - start
+        compiled = Translator(translator.model, translator.dictionary, translator.sp, translator.cfg,
+                              lambda _: None, threads, replicas)
+        measure(compiled, lines[:20], cached=True)  # warm-up
+        print_row(beam, dtype_name, "compiled", lines, *measure(compiled, lines, cached=True), refs)
+    print(f"{'':<8} (starting {threads} processes and compiling took {compiling:.1f} s, not counted above)",
+          flush=True)
 
 
 def profile(model: torch.nn.Module, dictionary, sp: spm.SentencePieceProcessor, lines: list[str],

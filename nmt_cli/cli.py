@@ -230,10 +230,7 @@ def translate(
     cfg = _resolve(TranslateConfig, config, values, sets)
     # OpenMP threads that spin while waiting burn the time of a core another process needs: with 2
     # threads on 2 shared cores translation ran 10x slower. Read when torch loads; a user's value wins.
-    # A compiled decoder runs one batch on all threads, whose waits are short: passive waiting made
-    # it 1.3x slower (1000 sentences, beam 4, bf16, 2 cores: 140.5 against 107.4 sentences/s).
-    if not cfg.compile:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     _run("translate", cfg)
 
 

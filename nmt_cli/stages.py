@@ -195,8 +195,9 @@ class TranslateConfig:
     device: Device = opt("auto", "auto: cuda when available, else cpu")
     dtype: Precision = opt("auto", "auto: bf16 on cuda, fp32 on cpu")
     threads: int = opt(0, "CPU threads (0: one per core); on the CPU each searches its own batch", at_least=0)
-    compile: bool = opt(False, "run the decoder step through torch.compile: faster in bf16 on a CPU, after a minute "
-                        "or more of compiling (less once cached); needs a C++ compiler (g++, or $CXX)")
+    compile: bool = opt(False, "run the decoder step through torch.compile (on the CPU in one process per thread, "
+                        "each with a copy of the model): faster in bf16, after a minute or more of compiling "
+                        "(less once cached); needs a C++ compiler (g++, or $CXX)")
 
 
 @dataclass

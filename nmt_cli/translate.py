@@ -17,7 +17,6 @@ and no text).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -33,7 +32,8 @@ from nmt_cli.bpe import sentencepiece_processor
 from nmt_cli.data import EOS, Dictionary
 from nmt_cli.errors import NmtError
 from nmt_cli.model import Transformer
-from nmt_cli.search import Hypothesis, compile_decoder, translate_ids
+from nmt_cli.replicas import Replicas, describe
+from nmt_cli.search import Hypothesis, compile_decoder, keep_freed_memory, translate_ids
 from nmt_cli.stages import TranslateConfig
 
 # Every character that could end or split a line for some reader (str.splitlines breaks on all
@@ -65,9 +65,14 @@ class Translator:
     """A loaded model with its dictionary and sentencepiece model: lines of text to translations."""
 
     def __init__(self, model: Transformer, dictionary: Dictionary, sp: spm.SentencePieceProcessor,
-                 cfg: TranslateConfig, warn: Warn, workers: int = 1) -> None:
+                 cfg: TranslateConfig, warn: Warn, workers: int = 1, replicas: Replicas | None = None) -> None:
         self.model, self.dictionary, self.sp, self.cfg, self.warn = model, dictionary, sp, cfg, warn
         self.workers = workers  # batches searched at once (see `translate_ids`)
+        self.replicas = replicas  # worker processes that search instead, if any: `close` stops them
+
+    def close(self) -> None:
+        if self.replicas is not None:
+            self.replicas.close()
 
     def encode(self, text: str, number: int) -> list[int]:
         """Source ids with EOS, truncated (with a warning) to the model's max_positions."""
@@ -107,7 +112,8 @@ class Translator:
             if len(ids) > 1:  # more than EOS
                 sources.append(ids)
                 where.append(i)
-        found: list[list[Hypothesis]] = translate_ids(self.model, sources, self.cfg, on_batch, self.workers)
+        found: list[list[Hypothesis]] = translate_ids(self.model, sources, self.cfg, on_batch, self.workers,
+                                                      replicas=self.replicas)
         results: list[list[tuple[float, str]]] = [[] for _ in lines]
         for i, hypotheses in zip(where, found, strict=True):
             results[i] = [(h.score, self.decode(h.tokens)) for h in hypotheses]
@@ -179,46 +185,35 @@ def _check(cfg: TranslateConfig) -> None:
         check_output_file(cfg.output, "--output")
 
 
-def keep_freed_memory() -> None:
-    """Make glibc's malloc keep and reuse freed memory instead of handing every large block back to
-    the system: a decoding step allocates and frees tensors of many MB, and each fresh page from the
-    system costs a page fault (the cache reorders ran 3-7x slower). Memory still peaks where use
-    peaks. Linux/glibc only; elsewhere nothing changes."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    m_trim_threshold, m_mmap_max = -1, -4  # mallopt parameters of glibc's malloc.h
-    libc.mallopt(m_mmap_max, 0)
-    libc.mallopt(m_trim_threshold, 1 << 30)
-
-
 def load_translator(cfg: TranslateConfig, warn: Warn) -> Translator:
     """The model of `cfg.model` on its device and dtype. On the CPU, `threads` batches are searched
     at once, each on one torch thread: that keeps the cores busier than torch's threads inside each
-    (small) operation of a decoding step. A compiled decoder (`cfg.compile`) searches one batch at a
-    time on all threads: its kernels are few and large, and dynamo must not run in two threads."""
+    (small) operation of a decoding step. A compiled decoder (`cfg.compile`) on the CPU does the
+    same in `threads` worker processes (`Replicas`: dynamo must not run in two threads); on a GPU it
+    searches one batch at a time. Close the translator when done."""
     device, dtype = _device_and_dtype(cfg)
     workers = 1
     if device.type == "cpu":
         keep_freed_memory()
-        threads = cfg.threads if cfg.threads > 0 else torch.get_num_threads()
-        workers = 1 if cfg.compile else threads
-        torch.set_num_threads(threads if cfg.compile else 1)
+        workers = cfg.threads if cfg.threads > 0 else torch.get_num_threads()
+        torch.set_num_threads(1)
     elif cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     model, dictionary, spm_bytes = checkpoint.load_model(cfg.model, device)
     sp = sentencepiece_processor(spm_bytes, f"the sentencepiece model inside {cfg.model}",
                                  "the file is damaged or was not written by nmt")
     model = model.to(dtype)
+    replicas = None
     if cfg.compile:
         try:
-            compile_decoder(model, cfg.beam)
+            if workers > 1:
+                replicas = Replicas(cfg, dtype, workers)
+            else:
+                compile_decoder(model, cfg.beam)
         except Exception as e:  # torch.compile fails in many ways (no compiler, an unsupported platform)
-            reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
-            raise NmtError(f"--compile: torch.compile could not compile the decoder ({reason}); install a C++ "
+            raise NmtError(f"--compile: torch.compile could not compile the decoder ({describe(e)}); install a C++ "
                            "compiler (g++, or name yours in $CXX), or translate without --compile") from None
-    return Translator(model, dictionary, sp, cfg, warn, workers)
+    return Translator(model, dictionary, sp, cfg, warn, workers, replicas)
 
 
 def _chunks(stream: IO[bytes], size: int) -> Iterator[list[bytes]]:
@@ -258,6 +253,7 @@ def run(cfg: TranslateConfig) -> None:
     interactive = cfg.input is None and sys.stdin.isatty()
     start = time.perf_counter()
     with contextlib.ExitStack() as stack:
+        stack.callback(translator.close)
         stream = sys.stdin.buffer if cfg.input is None else stack.enter_context(open(cfg.input, "rb"))
         out = sys.stdout.buffer if cfg.output is None else stack.enter_context(atomic_writer(cfg.output))
         total = count_lines(cfg.input) if cfg.input is not None else None

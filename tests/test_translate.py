@@ -165,24 +165,26 @@ def _why_torch_compile_cannot_run() -> str | None:
 
 
 def test_compiled_decoder_translates_as_the_eager_one(tiny_trained_model: Path, tmp_path: Path) -> None:
-    """--compile (one search on all threads, fused kernels) gives the eager decoder's translations in
-    fp32, batches of several sentences and single ones alike, beam 4 and greedy."""
+    """--compile (fused kernels; with --threads 2 in two worker processes, with 1 in this one) gives the
+    eager decoder's translations in fp32, batches of several sentences and single ones alike, beam 4
+    and greedy."""
     lines = toy_sentences(30, seed=11, max_words=12)
     src = tmp_path / "in.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     cache = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # compiled here, not found in a cache
-    for beam in (4, 1):
+    for beam, threads in ((4, 2), (1, 1)):
         eager, compiled = tmp_path / f"eager{beam}.txt", tmp_path / f"compiled{beam}.txt"
         nmt("translate", tiny_trained_model, "-i", src, "-o", eager, "--beam", beam, "--max-tokens", 60)
         proc = nmt("translate", tiny_trained_model, "-i", src, "-o", compiled, "--beam", beam, "--max-tokens", 60,
-                   "--compile", "--threads", 2, env=cache)
+                   "--compile", "--threads", threads, env=cache)
         assert "compiling the decoder" in proc.stderr and "recompile_limit" not in proc.stderr
         assert compiled.read_text(encoding="utf-8") == eager.read_text(encoding="utf-8")
     assert len(set(eager.read_text(encoding="utf-8").splitlines())) > 20  # real, differing translations
 
 
-def test_compile_without_a_compiler_is_a_clear_error(tiny_trained_model: Path, tmp_path: Path) -> None:
-    proc = nmt("translate", tiny_trained_model, "--compile", check=False, input="red cat\n",
+@pytest.mark.parametrize("threads", [1, 2])  # compiling here, or in worker processes
+def test_compile_without_a_compiler_is_a_clear_error(tiny_trained_model: Path, tmp_path: Path, threads: int) -> None:
+    proc = nmt("translate", tiny_trained_model, "--compile", "--threads", threads, check=False, input="red cat\n",
                env={"CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
     assert_user_error(proc, "--compile", "C++ compiler", "without --compile")
     assert proc.stdout == ""
