@@ -207,18 +207,21 @@ def compile_decoder(model: Transformer, beam: int) -> None:
 
     Inductor fuses each layer's attention over the cache, its softmax and the elementwise work into
     a few kernels and leaves the matrix products to torch. With dynamic shapes a handful of graphs
-    serve every batch: the first step and the later ones, each for several sentences and for one
-    (a size torch specialises); the warm-up makes them all. Dynamo is not thread-safe: a compiled
-    decoder is for one search at a time (`translate_ids` with workers=1; `replicas` for several).
+    serve every batch: the first step and the later ones, each for several sentences and for one,
+    with several rows a sentence and with one (sizes torch specialises: one row a sentence comes
+    with beam 1, or once all but one of a sentence's hypotheses have finished); the warm-up makes
+    them all, as a graph made later stops its search for seconds. Dynamo is not thread-safe: a
+    compiled decoder is for one search at a time (`translate_ids` with workers=1; `replicas` for several).
     """
     model.decode_step = torch.compile(model.decode_step, dynamic=True)
     device = next(model.parameters()).device
     word = min(4, model.vocab_size - 1)  # any token after the specials
-    for lengths in (list(range(40, 8, -1)), [5]):  # sentences finish at different steps: the last one decodes alone
-        src = torch.full((len(lengths), max(lengths)), PAD, dtype=torch.long)
-        for row, length in enumerate(lengths):
-            src[row, :length] = torch.tensor([word] * (length - 1) + [EOS])
-        beam_search(model, src.to(device), beam=beam, nbest=1, lenpen=0.6, max_len_a=1.0, max_len_b=3)
+    for width in sorted({beam, 1}, reverse=True):
+        for lengths in (list(range(40, 8, -1)), [5]):  # sentences finish at different steps: the last one decodes alone
+            src = torch.full((len(lengths), max(lengths)), PAD, dtype=torch.long)
+            for row, length in enumerate(lengths):
+                src[row, :length] = torch.tensor([word] * (length - 1) + [EOS])
+            beam_search(model, src.to(device), beam=width, nbest=1, lenpen=0.6, max_len_a=1.0, max_len_b=3)
 
 
 # -- many sentences -----------------------------------------------------------------------------
