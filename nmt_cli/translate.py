@@ -20,6 +20,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import IO
 
@@ -33,7 +34,7 @@ from nmt_cli.data import EOS, Dictionary
 from nmt_cli.errors import NmtError
 from nmt_cli.model import Transformer
 from nmt_cli.replicas import Replicas, describe
-from nmt_cli.search import Hypothesis, compile_decoder, keep_freed_memory, translate_ids
+from nmt_cli.search import compile_decoder, keep_freed_memory, translate_ids
 from nmt_cli.stages import TranslateConfig
 
 # Every character that could end or split a line for some reader (str.splitlines breaks on all
@@ -112,8 +113,10 @@ class Translator:
             if len(ids) > 1:  # more than EOS
                 sources.append(ids)
                 where.append(i)
-        found: list[list[Hypothesis]] = translate_ids(self.model, sources, self.cfg, on_batch, self.workers,
-                                                      replicas=self.replicas)
+        try:
+            found = translate_ids(self.model, sources, self.cfg, on_batch, self.workers, replicas=self.replicas)
+        except BrokenProcessPool:  # only worker processes (--compile) break this way
+            raise NmtError(_worker_died("translating")) from None
         results: list[list[tuple[float, str]]] = [[] for _ in lines]
         for i, hypotheses in zip(where, found, strict=True):
             results[i] = [(h.score, self.decode(h.tokens)) for h in hypotheses]
@@ -210,10 +213,17 @@ def load_translator(cfg: TranslateConfig, warn: Warn) -> Translator:
                 replicas = Replicas(cfg, dtype, workers)
             else:
                 compile_decoder(model, cfg.beam)
+        except BrokenProcessPool:
+            raise NmtError(_worker_died("compiling")) from None
         except Exception as e:  # torch.compile fails in many ways (no compiler, an unsupported platform)
             raise NmtError(f"--compile: torch.compile could not compile the decoder ({describe(e)}); install a C++ "
                            "compiler (g++, or name yours in $CXX), or translate without --compile") from None
     return Translator(model, dictionary, sp, cfg, warn, workers, replicas)
+
+
+def _worker_died(doing: str) -> str:
+    return (f"--compile: a worker process stopped while {doing} (killed, or out of memory: each holds a copy of "
+            "the model); give fewer --threads, or translate without --compile")
 
 
 def _chunks(stream: IO[bytes], size: int) -> Iterator[list[bytes]]:

@@ -19,6 +19,7 @@ import torch
 from conftest import REPO, assert_user_error, nmt, toy_sentences
 from nmt_cli import checkpoint
 from nmt_cli.errors import NmtError
+from nmt_cli.replicas import Replicas
 from nmt_cli.stages import TranslateConfig
 from nmt_cli.translate import Translator, clean_line, run, translate_lines
 
@@ -180,6 +181,25 @@ def test_compiled_decoder_translates_as_the_eager_one(tiny_trained_model: Path, 
         assert "compiling the decoder" in proc.stderr and "recompile_limit" not in proc.stderr
         assert compiled.read_text(encoding="utf-8") == eager.read_text(encoding="utf-8")
     assert len(set(eager.read_text(encoding="utf-8").splitlines())) > 20  # real, differing translations
+
+
+def test_a_worker_process_that_dies_is_a_clear_error(tiny_trained_model: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compiled decoder's worker killed mid-run (as the out-of-memory killer would) stops the
+    translation with a message that says so, not with a traceback or a hang."""
+    if (reason := _why_torch_compile_cannot_run()) is not None:
+        pytest.skip(reason)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # read by the workers
+    translator = load(tiny_trained_model, compile=True, threads=2)
+    translator.replicas = Replicas(translator.cfg, torch.float32, 2)
+    try:
+        assert translator.translate(["red cat"])[0]
+        for process in translator.replicas._pool._processes.values():  # the workers, only reachable so
+            process.kill()
+        with pytest.raises(NmtError, match="worker process stopped while translating.*fewer --threads"):
+            translator.translate(["red cat", "a dog"])
+    finally:
+        translator.close()
 
 
 @pytest.mark.parametrize("threads", [1, 2])  # compiling here, or in worker processes
