@@ -13,8 +13,7 @@ With `--compile`, also rows of the decoder step compiled as `nmt translate --com
 after compiling; how long starting them and compiling took is printed below each such row. Times
 cover the search and sentencepiece encoding/decoding, not model loading; `cpu s` is the CPU time of
 all threads (well below seconds x threads when other processes share the cores; not shown for the
-worker processes). Also
-prints sacreBLEU of each output, as a check of what the model is.
+worker processes). Also prints sacreBLEU of each output, as a check of what the model is.
 """
 
 from __future__ import annotations

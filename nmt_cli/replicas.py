@@ -13,6 +13,7 @@ threads (and 131.1 eager). Each process holds its own copy of the weights.
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.process
 import multiprocessing.util
 import os
 import signal
@@ -59,7 +60,7 @@ class Replicas:
             # process can take two of them, and every process is started now rather than on demand.
             failures = [f.result() for f in [self._pool.submit(_compiled) for _ in range(count)]]
         except BaseException:  # Ctrl-C included: stop the processes now, not after they have compiled
-            processes = list(getattr(self._pool, "_processes", {}).values())  # no public way before Python 3.14
+            processes = self.processes()
             for process in processes:
                 process.terminate()
             for process in processes:
@@ -69,6 +70,10 @@ class Replicas:
         if any(failures):
             self.close()
             raise CompileFailed(next(f for f in failures if f))
+
+    def processes(self) -> list[multiprocessing.process.BaseProcess]:
+        """The worker processes (the pool has no public way to reach them before Python 3.14)."""
+        return list(getattr(self._pool, "_processes", {}).values())
 
     def submit(self, src: Tensor) -> Future[list[list[Hypothesis]]]:
         """Beam search (as `beam_search`, with the settings of cfg) of one batch, src (B, S), in a worker."""

@@ -194,7 +194,7 @@ def test_a_worker_process_that_dies_is_a_clear_error(tiny_trained_model: Path, t
     translator.replicas = Replicas(translator.cfg, torch.float32, 2)
     try:
         assert translator.translate(["red cat"])[0]
-        for process in translator.replicas._pool._processes.values():  # the workers, only reachable so
+        for process in translator.replicas.processes():
             process.kill()
         with pytest.raises(NmtError, match="worker process stopped while translating.*fewer --threads"):
             translator.translate(["red cat", "a dog"])
