@@ -18,7 +18,8 @@ The search, for each sentence (Y counts its EOS; log-probabilities are natural l
   best live s gives a bound no higher than the nbest-th finished score, no continuation can enter
   the n-best: stopping there returns exactly what running to the maximum length would return.
 
-Sentences that are done leave the batch; the beams of one sentence share its encoder states.
+Sentences that are done leave the batch, and so do empty slots: a sentence with fewer live
+hypotheses than the others' gets fewer decoder rows. The beams of one sentence share its encoder states.
 `reference_search` is the same search written plainly for one sentence, re-running the full
 forward pass at every step; tests compare the two.
 """
@@ -37,9 +38,10 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import torch
 from torch import Tensor
+from torch.fx.experimental import _config as fx_config  # its use_duck_shape: see `compile_decoder`
 
 from nmt_cli.data import BOS, EOS, PAD
-from nmt_cli.model import Transformer
+from nmt_cli.model import Beams, Cache, Encoded, NextTokens, Transformer, best_tokens
 from nmt_cli.stages import TranslateConfig
 
 if TYPE_CHECKING:
@@ -76,8 +78,8 @@ class IncrementalDecoder:
         self.enc = model.encode(src)
         self.cache = model.start_decoding(self.enc)
 
-    def step(self, tokens: Tensor, history: Tensor, step: int) -> Tensor:
-        return self.model.decode_step(tokens, step, self.enc, self.cache)
+    def step(self, tokens: Tensor, history: Tensor, step: int, beams: Beams | None, k: int) -> NextTokens:
+        return self.model.next_tokens(tokens, step, self.enc, self.cache, k, beams)
 
     def reorder(self, rows: Tensor, sentences: Tensor | None) -> None:
         self.enc, self.cache = self.model.reorder(self.enc, self.cache, rows, sentences)
@@ -90,11 +92,14 @@ class FullForwardDecoder:
     def __init__(self, model: Transformer, src: Tensor) -> None:
         self.model, self.src = model, src
 
-    def step(self, tokens: Tensor, history: Tensor, step: int) -> Tensor:
-        rows = history.shape[0]
-        src = self.src.repeat_interleave(rows // self.src.shape[0], dim=0)
+    def step(self, tokens: Tensor, history: Tensor, step: int, beams: Beams | None, k: int) -> NextTokens:
+        rows, sentences = history.shape[0], self.src.shape[0]
+        if beams is None:
+            src = self.src.repeat_interleave(rows // sentences, dim=0)
+        else:
+            src = self.src[beams.slot // beams.row.shape[1]]
         prev = torch.cat([torch.full((rows, 1), BOS, dtype=history.dtype, device=history.device), history], 1)
-        return self.model(src, prev)[:, -1]
+        return best_tokens(self.model(src, prev)[:, -1], k)
 
     def reorder(self, rows: Tensor, sentences: Tensor | None) -> None:
         if sentences is not None:
@@ -104,28 +109,28 @@ class FullForwardDecoder:
 # -- the batched search ---------------------------------------------------------------------------
 
 
-def _extensions(logits: Tensor, scores: Tensor, k: int, force_eos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _extensions(best: NextTokens, scores: Tensor, k: int, force_eos: Tensor,
+                beams: Beams | None) -> tuple[Tensor, Tensor, Tensor]:
     """The best k one-token extensions of each sentence's live hypotheses.
 
-    logits (B * W, V) from the decoder, scores (B, W) log-probabilities so far (-inf: empty slot),
-    force_eos (B,) sentences at their maximum length. Returns log-probabilities (B, k) best first,
+    best: the decoder's best next tokens of each row (k of them; more change nothing, fewer come only
+    from a tiny vocabulary), one row per live slot (all B * W slots without `beams`); scores (B, W)
+    log-probabilities so far (-inf: empty slot); force_eos (B,) sentences at their maximum length. Returns log-probabilities (B, k) best first,
     the slot each extends (B, k) and its token (B, k). A sentence's best k extensions lie among the
     best k of each of its slots, so only those are combined with the slots' scores.
     """
     B, W = scores.shape
-    # log_softmax accumulates in fp32 whatever the model's dtype; its output keeps that dtype.
-    log_probs = torch.log_softmax(logits, dim=-1)  # (B * W, V)
-    log_probs[:, PAD] = -math.inf  # never produced; the model's probabilities are not renormalised
-    log_probs[:, BOS] = -math.inf
-    per_slot = min(k, log_probs.shape[-1])
-    top_log_probs, top_tokens = log_probs.topk(per_slot, dim=-1)  # (B * W, k)
-    top_log_probs = top_log_probs.float()
+    top_log_probs, top_tokens = best.log_probs, best.tokens  # (N, k), or fewer columns for a tiny vocabulary
+    per_slot = top_log_probs.shape[1]
     if bool(force_eos.any()):
-        forced = force_eos.repeat_interleave(W)[:, None]
+        forced = force_eos.repeat_interleave(W)[:, None] if beams is None else force_eos[beams.slot // W, None]
         eos_only = torch.full_like(top_log_probs, -math.inf)
-        eos_only[:, 0] = log_probs[:, EOS].float()
+        eos_only[:, 0] = best.eos
         top_log_probs = torch.where(forced, eos_only, top_log_probs)
         top_tokens = torch.where(forced, torch.full_like(top_tokens, EOS), top_tokens)
+    if beams is not None:  # back to all B * W slots; the empty ones (score -inf) extend to nothing
+        top_log_probs = torch.cat([top_log_probs, top_log_probs.new_full((1, per_slot), -math.inf)])[beams.row.view(-1)]
+        top_tokens = torch.cat([top_tokens, top_tokens.new_full((1, per_slot), PAD)])[beams.row.view(-1)]
     candidates = (scores.reshape(-1, 1) + top_log_probs).view(B, W * per_slot)
     values, index = candidates.topk(min(k, W * per_slot), dim=1)
     return values, index // per_slot, top_tokens.view(B, W * per_slot).gather(1, index)
@@ -137,6 +142,13 @@ def _live_first(live: Tensor, values: Tensor, rows: Tensor, tokens: Tensor) -> t
     order = torch.argsort((~live).to(torch.int8), dim=1, stable=True)[:, : max(int(live.sum(1).max()), 1)]
     live = live.gather(1, order)
     return live, torch.where(live, values.gather(1, order), -math.inf), rows.gather(1, order), tokens.gather(1, order)
+
+
+def _beams(live: Tensor) -> Beams:
+    """The decoder's rows for the slots where `live` (B, W) is True, in order (`Beams`)."""
+    flat = live.reshape(-1)
+    slot = flat.nonzero()[:, 0]
+    return Beams(torch.where(flat, flat.cumsum(0) - 1, len(slot)).view(live.shape), slot)
 
 
 class _Finished:
@@ -172,14 +184,17 @@ def beam_search(model: Transformer, src: Tensor, *, beam: int, nbest: int, lenpe
     final_lp = length_penalty(max_len.double() + 1, lenpen)
     sentences = torch.arange(B, device=device)  # original index of each sentence still decoding
     scores = torch.zeros(B, 1, device=device)  # (B, W) log P of each live slot; -inf: empty
-    tokens = torch.full((B,), BOS, device=device)  # (B * W,) the newest token of each slot
-    history = torch.zeros(B, 0, dtype=torch.long, device=device)  # (B * W, t) tokens so far
+    tokens = torch.full((B,), BOS, device=device)  # (N,) the newest token of each decoder row (live slot)
+    history = torch.zeros(B, 0, dtype=torch.long, device=device)  # (N, t) tokens so far
     finished = _Finished(B, nbest, device)
     n_finished = torch.zeros(B, dtype=torch.long, device=device)
+    beams: Beams | None = None  # the decoder rows' slots when some slots are empty; None: one row per slot
     for step in range(int(max_len.max()) + 1):
-        logits = decoder.step(tokens, history, step)
-        values, slots, new_tokens = _extensions(logits, scores, beam, step >= max_len)
+        best = decoder.step(tokens, history, step, beams, beam)
+        values, slots, new_tokens = _extensions(best, scores, beam, step >= max_len, beams)
         rows = torch.arange(len(sentences), device=device)[:, None] * scores.shape[1] + slots  # (B, k)
+        if beams is not None:  # the decoder row each extends (an empty slot has none: N, and is never kept)
+            rows = beams.row.view(-1)[rows]
         rank = torch.arange(values.shape[1], device=device)
         kept = (rank < (beam - n_finished)[:, None]) & (values > -math.inf)
         ends = kept & (new_tokens == EOS)
@@ -193,27 +208,42 @@ def beam_search(model: Transformer, src: Tensor, *, beam: int, nbest: int, lenpe
             break
         keep = (~done).nonzero()[:, 0] if bool(done.any()) else None
         if keep is not None:
-            rows, new_tokens, scores = rows[keep], new_tokens[keep], scores[keep]
+            live, rows, new_tokens, scores = live[keep], rows[keep], new_tokens[keep], scores[keep]
             sentences, max_len, final_lp, n_finished = sentences[keep], max_len[keep], final_lp[keep], n_finished[keep]
-        rows, tokens = rows.reshape(-1), new_tokens.reshape(-1)
+        if bool(live.all()):
+            beams, rows, tokens = None, rows.reshape(-1), new_tokens.reshape(-1)
+        else:  # sentences with fewer live hypotheses than others: their empty slots get no row
+            beams, rows, tokens = _beams(live), rows[live], new_tokens[live]
         history = torch.cat([history.index_select(0, rows), tokens[:, None]], dim=1)
         decoder.reorder(rows, keep)
     return [found[:nbest] for found in finished.hypotheses]
 
 
 def compile_decoder(model: Transformer, beam: int) -> None:
-    """From now on run `model.decode_step` through torch.compile, and compile it here, on small
-    batches searched with `beam`, so that a failure (no C++ compiler) shows before any work starts.
+    """From now on run `model.next_tokens` (the decoder step and its best `beam` tokens) through
+    torch.compile, and compile it here, on small batches searched with `beam`, so that a failure (no
+    C++ compiler) shows before any work starts.
 
     Inductor fuses each layer's attention over the cache, its softmax and the elementwise work into
     a few kernels and leaves the matrix products to torch. With dynamic shapes a handful of graphs
     serve every batch: the first step and the later ones, each for several sentences and for one,
     with several rows a sentence and with one (sizes torch specialises: one row a sentence comes
-    with beam 1, or once all but one of a sentence's hypotheses have finished); the warm-up makes
-    them all, as a graph made later stops its search for seconds. Dynamo is not thread-safe: a
+    with beam 1, or once all but one of a sentence's hypotheses have finished), and with empty
+    slots (`Beams`); the warm-up makes them all (7 graphs for beam 4), as a graph made later stops
+    its search for seconds. Dynamo is not thread-safe: a
     compiled decoder is for one search at a time (`translate_ids` with workers=1; `replicas` for several).
     """
-    model.decode_step = torch.compile(model.decode_step, dynamic=True)
+    compiled = torch.compile(model.next_tokens, dynamic=True)
+
+    def next_tokens(tokens: Tensor, step: int, enc: Encoded, cache: Cache, k: int, beams: Beams | None) -> NextTokens:
+        # Always the best `beam` tokens, so that the greedy warm-up makes graphs for the beam search
+        # (more than k change nothing). No duck sizing: by default, sizes equal when first compiled
+        # are assumed equal for good (4 slots a sentence and 4 heads), and each later difference
+        # costs a recompile in the middle of a search.
+        with fx_config.patch(use_duck_shape=False):
+            return compiled(tokens, step, enc, cache, max(k, beam), beams)
+
+    model.next_tokens = next_tokens
     device = next(model.parameters()).device
     word = min(4, model.vocab_size - 1)  # any token after the specials
     for width in sorted({beam, 1}, reverse=True):

@@ -7,6 +7,7 @@ Tests that need it are skipped, with the reason, when it is absent (a user's fre
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -211,3 +212,13 @@ def tiny_trained_model(tmp_path_factory: pytest.TempPathFactory, toy_spm) -> Pat
         loss.backward()
         optimizer.step()
     return save_model_file(tmp_path_factory.mktemp("trained") / "model.pt", model.eval(), dictionary, spm_bytes, 300)
+
+
+def why_torch_compile_cannot_run() -> str | None:
+    """None where torch.compile works on this machine's CPU (it needs a C++ compiler and headers),
+    else why not: the compiled-decoder tests then skip, as a user's `--compile` would fail clearly."""
+    if shutil.which(os.environ.get("CXX", "g++")) is None:
+        return f"torch.compile on the CPU needs a C++ compiler ({os.environ.get('CXX', 'g++')}); none found"
+    probe = "import torch; print(torch.compile(lambda x: x.sin() + 1)(torch.ones(3)).sum().item())"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
+    return None if proc.returncode == 0 else f"torch.compile fails here: {(proc.stderr.strip().splitlines() or [''])[-1]}"

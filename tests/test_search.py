@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import why_torch_compile_cannot_run
 from nmt_cli import checkpoint
 from nmt_cli.data import BOS, EOS, PAD
-from nmt_cli.model import Transformer
+from nmt_cli.model import Transformer, _group_size, best_tokens
 from nmt_cli.search import (
     SMALLEST_SHARED_BATCH,
     _batches,
+    _beams,
     beam_search,
     length_penalty,
     max_output_lengths,
@@ -84,6 +86,53 @@ def test_decode_step_with_beams_equals_full_forward() -> None:
             enc, cache = model.reorder(enc, cache, order)
             history = torch.cat([history[order], prefixes[order, step : step + 1]], 1)
             tokens = history[:, -1]
+
+
+def test_decode_step_with_empty_slots_equals_full_forward() -> None:
+    """Sentences with different numbers of live hypotheses: only the live slots get rows (`Beams`),
+    and each row still attends to its own sentence's encoder states."""
+    model = random_model(24, seed=0)
+    src = padded(random_sources(24, [3, 6, 4], seed=1))
+    live = torch.tensor([[True, True, False], [True, False, False], [True, True, True]])  # 6 rows of 9 slots
+    beams = _beams(live)
+    assert beams.slot.tolist() == [0, 1, 3, 6, 7, 8]
+    assert beams.row.tolist() == [[0, 1, 6], [2, 6, 6], [3, 4, 5]]  # 6: no row
+    sentence = beams.slot // 3
+    g = torch.Generator().manual_seed(2)
+    prefixes = torch.randint(4, 24, (6, 4), generator=g)
+    enc = model.encode(src)
+    cache = model.start_decoding(enc)
+    tokens = torch.full((6,), BOS)
+    history = torch.zeros(6, 0, dtype=torch.long)
+    with torch.no_grad():
+        for step in range(4):
+            logits = model.decode_step(tokens, step, enc, cache, beams)
+            full = model(src[sentence], torch.cat([torch.full((6, 1), BOS), history], 1))[:, -1]
+            torch.testing.assert_close(logits, full, atol=1e-4, rtol=1e-4)
+            order = torch.tensor([1, 0, 2, 5, 3, 3])  # each row comes from a row of its own sentence
+            enc, cache = model.reorder(enc, cache, order)
+            history = torch.cat([history[order], prefixes[order, step : step + 1]], 1)
+            tokens = history[:, -1]
+
+
+def test_best_tokens_in_two_stages_when_compiled_equal_topk() -> None:
+    """The compiled CPU path's group maxima, then the top k within the best k groups, gives the
+    tokens and log-probabilities `topk` over `log_softmax` gives, never PAD or BOS."""
+    if (reason := why_torch_compile_cannot_run()) is not None:
+        pytest.skip(reason)
+    assert _group_size(7968) == 96 and _group_size(32000) == 160 and _group_size(64) == 0
+    torch.manual_seed(0)
+    logits = torch.randn(50, 7968) * 3
+    logits[0, PAD] = logits[1, BOS] = 100.0  # the most probable, and never produced
+    logits[2, 5000:5004] = 50.0 + torch.arange(4.0)  # the whole top 4 in one group
+    compiled = torch.compile(best_tokens, dynamic=True)
+    for k in (4, 1):
+        expected, found = best_tokens(logits, k), compiled(logits, k)
+        assert torch.equal(found.tokens, expected.tokens)
+        torch.testing.assert_close(found.log_probs, expected.log_probs)
+        torch.testing.assert_close(found.eos, expected.eos)
+    top4 = compiled(logits, 4).tokens
+    assert not torch.isin(top4, torch.tensor([PAD, BOS])).any() and top4[2].tolist() == [5003, 5002, 5001, 5000]
 
 
 @pytest.mark.parametrize("workers", [1, 2, 4])

@@ -7,7 +7,6 @@ import os
 import pty
 import random
 import select
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from conftest import REPO, assert_user_error, nmt, toy_sentences
+from conftest import REPO, assert_user_error, nmt, toy_sentences, why_torch_compile_cannot_run
 from nmt_cli import checkpoint
 from nmt_cli.errors import NmtError
 from nmt_cli.replicas import Replicas
@@ -155,16 +154,6 @@ def test_missing_cuda_and_cpu_fp16_are_refused(tiny_trained_model: Path) -> None
         run(TranslateConfig(model=tiny_trained_model, device="cpu", dtype="fp16"))
 
 
-def _why_torch_compile_cannot_run() -> str | None:
-    """None where torch.compile works on this machine's CPU (it needs a C++ compiler and headers),
-    else why not: the compiled-decoder test then skips, as a user's `--compile` would fail clearly."""
-    if shutil.which(os.environ.get("CXX", "g++")) is None:
-        return f"torch.compile on the CPU needs a C++ compiler ({os.environ.get('CXX', 'g++')}); none found"
-    probe = "import torch; print(torch.compile(lambda x: x.sin() + 1)(torch.ones(3)).sum().item())"
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
-    return None if proc.returncode == 0 else f"torch.compile fails here: {(proc.stderr.strip().splitlines() or [''])[-1]}"
-
-
 def test_compiled_decoder_translates_as_the_eager_one(tiny_trained_model: Path, tmp_path: Path) -> None:
     """--compile (fused kernels; with --threads 2 in two worker processes, with 1 in this one) gives the
     eager decoder's translations in fp32, batches of several sentences and single ones alike, beam 4
@@ -187,7 +176,7 @@ def test_a_worker_process_that_dies_is_a_clear_error(tiny_trained_model: Path, t
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A compiled decoder's worker killed mid-run (as the out-of-memory killer would) stops the
     translation with a message that says so, not with a traceback or a hang."""
-    if (reason := _why_torch_compile_cannot_run()) is not None:
+    if (reason := why_torch_compile_cannot_run()) is not None:
         pytest.skip(reason)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # read by the workers
     translator = load(tiny_trained_model, compile=True, threads=2)
