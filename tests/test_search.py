@@ -65,52 +65,38 @@ def test_max_output_length_is_a_times_source_plus_b_capped_by_positions() -> Non
     assert max_output_lengths(torch.tensor([10]), 1.5, 0, 1024).tolist() == [15]
 
 
-def test_decode_step_with_beams_equals_full_forward() -> None:
-    """Rows grouped by sentence, reordered between steps, attend to their own sentence's encoder states."""
-    model = random_model(24, seed=0)
-    src = padded(random_sources(24, [3, 6], seed=1))
-    beam, steps = 3, 5
-    g = torch.Generator().manual_seed(2)
-    prefixes = torch.randint(4, 24, (2 * beam, steps), generator=g)
-    enc = model.encode(src)
-    cache = model.start_decoding(enc)
-    tokens = torch.full((2 * beam,), BOS)
-    history = torch.zeros(2 * beam, 0, dtype=torch.long)
-    with torch.no_grad():
-        for step in range(steps):
-            logits = model.decode_step(tokens, step, enc, cache)
-            prev = torch.cat([torch.full((2 * beam, 1), BOS), history], 1)
-            full = model(src.repeat_interleave(beam, 0), prev)[:, -1]
-            torch.testing.assert_close(logits, full, atol=1e-4, rtol=1e-4)
-            order = torch.tensor([2, 0, 0, 4, 5, 3])  # each row comes from a row of its own sentence
-            enc, cache = model.reorder(enc, cache, order)
-            history = torch.cat([history[order], prefixes[order, step : step + 1]], 1)
-            tokens = history[:, -1]
-
-
-def test_decode_step_with_empty_slots_equals_full_forward() -> None:
-    """Sentences with different numbers of live hypotheses: only the live slots get rows (`Beams`),
-    and each row still attends to its own sentence's encoder states."""
-    model = random_model(24, seed=0)
-    src = padded(random_sources(24, [3, 6, 4], seed=1))
-    live = torch.tensor([[True, True, False], [True, False, False], [True, True, True]])  # 6 rows of 9 slots
-    beams = _beams(live)
+def test_live_slots_are_numbered_in_order() -> None:
+    beams = _beams(torch.tensor([[True, True, False], [True, False, False], [True, True, True]]))
     assert beams.slot.tolist() == [0, 1, 3, 6, 7, 8]
     assert beams.row.tolist() == [[0, 1, 6], [2, 6, 6], [3, 4, 5]]  # 6: no row
-    sentence = beams.slot // 3
+
+
+@pytest.mark.parametrize(("live", "order"), [
+    ([[True] * 3] * 2, [2, 0, 0, 4, 5, 3]),  # rows b * 3 ... b * 3 + 2 are sentence b's
+    ([[True, True, False], [True, False, False], [True, True, True]], [1, 0, 2, 5, 3, 3]),  # empty slots: `Beams`
+])
+def test_decode_step_equals_full_forward(live: list[list[bool]], order: list[int]) -> None:
+    """Rows grouped by sentence, reordered between steps (each row from a row of its own sentence),
+    attend to their own sentence's encoder states, also when sentences keep different numbers of
+    live hypotheses and only the live slots get rows."""
+    slots = torch.tensor(live)
+    beams = None if slots.all() else _beams(slots)
+    sentence = slots.reshape(-1).nonzero()[:, 0] // slots.shape[1]  # of each row
+    rows, steps = len(sentence), 5
+    model = random_model(24, seed=0)
+    src = padded(random_sources(24, [3, 6, 4][: len(slots)], seed=1))
     g = torch.Generator().manual_seed(2)
-    prefixes = torch.randint(4, 24, (6, 4), generator=g)
+    prefixes = torch.randint(4, 24, (rows, steps), generator=g)
     enc = model.encode(src)
     cache = model.start_decoding(enc)
-    tokens = torch.full((6,), BOS)
-    history = torch.zeros(6, 0, dtype=torch.long)
+    tokens = torch.full((rows,), BOS)
+    history = torch.zeros(rows, 0, dtype=torch.long)
     with torch.no_grad():
-        for step in range(4):
+        for step in range(steps):
             logits = model.decode_step(tokens, step, enc, cache, beams)
-            full = model(src[sentence], torch.cat([torch.full((6, 1), BOS), history], 1))[:, -1]
+            full = model(src[sentence], torch.cat([torch.full((rows, 1), BOS), history], 1))[:, -1]
             torch.testing.assert_close(logits, full, atol=1e-4, rtol=1e-4)
-            order = torch.tensor([1, 0, 2, 5, 3, 3])  # each row comes from a row of its own sentence
-            enc, cache = model.reorder(enc, cache, order)
+            enc, cache = model.reorder(enc, cache, torch.tensor(order))
             history = torch.cat([history[order], prefixes[order, step : step + 1]], 1)
             tokens = history[:, -1]
 
