@@ -20,6 +20,7 @@ from nmt_cli.search import (
     _batches,
     _beams,
     beam_search,
+    compile_decoder,
     length_penalty,
     max_output_lengths,
     reference_search,
@@ -119,6 +120,26 @@ def test_best_tokens_in_two_stages_when_compiled_equal_topk() -> None:
         torch.testing.assert_close(found.eos, expected.eos)
     top4 = compiled(logits, 4).tokens
     assert not torch.isin(top4, torch.tensor([PAD, BOS])).any() and top4[2].tolist() == [5003, 5002, 5001, 5000]
+
+
+def test_compiled_search_equals_reference() -> None:
+    """A compiled decoder (`compile_decoder`) in a search that has empty slots, with a vocabulary
+    large enough for the two-stage choice of the best tokens: the reference search's n-best lists."""
+    if (reason := why_torch_compile_cannot_run()) is not None:
+        pytest.skip(reason)
+    model = random_model(256, seed=3)
+    assert _group_size(256) == 32
+    compile_decoder(model, beam=5)
+    sources = random_sources(256, [3, 7, 1, 5, 9, 2, 6, 4], seed=3)
+    settings = dict(beam=5, nbest=2, lenpen=0.6, max_len_a=1.0, max_len_b=4)
+    found = beam_search(model, padded(sources), **settings)
+    lengths = set()
+    for source, hyps in zip(sources, found, strict=True):
+        expected = reference_search(model, source, **settings)
+        assert [h.tokens for h in hyps] == [h.tokens for h in expected]
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in expected], abs=1e-4)
+        lengths.update(len(h.tokens) for h in hyps)
+    assert len(lengths) > 1  # hypotheses ended at different steps: slots were left empty
 
 
 @pytest.mark.parametrize("workers", [1, 2, 4])
