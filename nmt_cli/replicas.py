@@ -17,6 +17,7 @@ import multiprocessing.process
 import multiprocessing.util
 import os
 import signal
+import sys
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,10 @@ def _start(cfg: TranslateConfig, dtype: torch.dtype, started: Any) -> None:
     """In a new worker process: load and compile the model, keeping any failure for `_compiled` to report."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     signal.signal(signal.SIGTERM, _exit)  # how `Replicas` stops a worker before it has compiled
+    # When the pool lets this process go, its results are sent: end it after multiprocessing's own
+    # finalizers, skipping the interpreter's teardown of torch and the compiler (2 s, which `nmt
+    # translate` waited for before exiting). Priority -100: after every other finalizer.
+    multiprocessing.util.Finalize(None, _done, exitpriority=-100)
     torch.set_num_threads(1)
     keep_freed_memory()
     _replica.update(cfg=cfg, started=started, failure="")
@@ -110,6 +115,13 @@ def _exit(signum: int, frame: object) -> None:
     torch, makes a named semaphore; left behind, Python warns of it as leaked)."""
     multiprocessing.util._run_finalizers(0)
     os._exit(128 + signum)
+
+
+def _done() -> None:
+    """End this worker now, its work done (see `_start`)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _compiled() -> str:
