@@ -34,6 +34,14 @@ class Beams(NamedTuple):
     row: Tensor  # (B, W): the row of slot w of sentence b; N (no row) where the slot is empty
     slot: Tensor  # (N,): the flat position b * W + w of each row
 
+    def spread(self, rows: Tensor, fill: float) -> Tensor:
+        """rows (N, ...) -> (B, W, ...): each row in its slot, `fill` in the empty ones."""
+        return torch.cat([rows, rows.new_full((1, *rows.shape[1:]), fill)])[self.row]
+
+    def sentence(self) -> Tensor:
+        """(N,): the sentence of each row."""
+        return self.slot // self.row.shape[1]
+
 
 def sinusoids(length: int, d_model: int) -> Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D))  (section 3.5)."""
@@ -287,10 +295,7 @@ class DecoderLayer(nn.Module):
         # fewer beams than others are first spread to (B, W) slots (zeros in the empty ones).
         k, v = cache["memory_k"], cache["memory_v"]
         rows, sentences = h.shape[0], k.shape[0]
-        if beams is None:
-            queries = h.view(sentences, rows // sentences, -1)
-        else:
-            queries = torch.cat([h[:, 0], h.new_zeros(1, h.shape[-1])])[beams.row]  # (B, W, D)
+        queries = h.view(sentences, rows // sentences, -1) if beams is None else beams.spread(h[:, 0], 0.0)  # (B, W, D)
         y = self.cross_attn.attend(self.cross_attn.query(queries), k, v, enc.mask, cached=True)
         if beams is not None:
             y = y.flatten(0, 1)[beams.slot]

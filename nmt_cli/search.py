@@ -97,7 +97,7 @@ class FullForwardDecoder:
         if beams is None:
             src = self.src.repeat_interleave(rows // sentences, dim=0)
         else:
-            src = self.src[beams.slot // beams.row.shape[1]]
+            src = self.src[beams.sentence()]
         prev = torch.cat([torch.full((rows, 1), BOS, dtype=history.dtype, device=history.device), history], 1)
         return best_tokens(self.model(src, prev)[:, -1], k)
 
@@ -115,22 +115,22 @@ def _extensions(best: NextTokens, scores: Tensor, k: int, force_eos: Tensor,
 
     best: the decoder's best next tokens of each row (k of them; more change nothing, fewer come only
     from a tiny vocabulary), one row per live slot (all B * W slots without `beams`); scores (B, W)
-    log-probabilities so far (-inf: empty slot); force_eos (B,) sentences at their maximum length. Returns log-probabilities (B, k) best first,
-    the slot each extends (B, k) and its token (B, k). A sentence's best k extensions lie among the
+    log-probabilities so far (-inf: empty slot); force_eos (B,) sentences at their maximum length.
+    Returns log-probabilities (B, k) best first, the slot each extends (B, k) and its token (B, k). A sentence's best k extensions lie among the
     best k of each of its slots, so only those are combined with the slots' scores.
     """
     B, W = scores.shape
     top_log_probs, top_tokens = best.log_probs, best.tokens  # (N, k), or fewer columns for a tiny vocabulary
     per_slot = top_log_probs.shape[1]
     if bool(force_eos.any()):
-        forced = force_eos.repeat_interleave(W)[:, None] if beams is None else force_eos[beams.slot // W, None]
+        forced = force_eos.repeat_interleave(W)[:, None] if beams is None else force_eos[beams.sentence(), None]
         eos_only = torch.full_like(top_log_probs, -math.inf)
         eos_only[:, 0] = best.eos
         top_log_probs = torch.where(forced, eos_only, top_log_probs)
         top_tokens = torch.where(forced, torch.full_like(top_tokens, EOS), top_tokens)
     if beams is not None:  # back to all B * W slots; the empty ones (score -inf) extend to nothing
-        top_log_probs = torch.cat([top_log_probs, top_log_probs.new_full((1, per_slot), -math.inf)])[beams.row.view(-1)]
-        top_tokens = torch.cat([top_tokens, top_tokens.new_full((1, per_slot), PAD)])[beams.row.view(-1)]
+        top_log_probs = beams.spread(top_log_probs, -math.inf).flatten(0, 1)
+        top_tokens = beams.spread(top_tokens, PAD).flatten(0, 1)
     candidates = (scores.reshape(-1, 1) + top_log_probs).view(B, W * per_slot)
     values, index = candidates.topk(min(k, W * per_slot), dim=1)
     return values, index // per_slot, top_tokens.view(B, W * per_slot).gather(1, index)

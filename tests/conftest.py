@@ -6,6 +6,7 @@ Tests that need it are skipped, with the reason, when it is absent (a user's fre
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -214,6 +215,7 @@ def tiny_trained_model(tmp_path_factory: pytest.TempPathFactory, toy_spm) -> Pat
     return save_model_file(tmp_path_factory.mktemp("trained") / "model.pt", model.eval(), dictionary, spm_bytes, 300)
 
 
+@functools.cache
 def why_torch_compile_cannot_run() -> str | None:
     """None where torch.compile works on this machine's CPU (it needs a C++ compiler and headers),
     else why not: the compiled-decoder tests then skip, as a user's `--compile` would fail clearly."""
