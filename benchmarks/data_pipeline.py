@@ -32,7 +32,7 @@ SOURCES = [("wmt-train-sample-10k", "train"), ("multi30k/en-de", "train")]
 STAGE_SCRIPT = """
 import json, resource, sys
 from pathlib import Path
-from nmt_cli import {stage}
+from nmt_cli.data import {stage}
 from nmt_cli.stages import {config}
 {stage}.run({config}(**{{k: (Path(v) if k in ("raw", "out", "bpe", "model") and v else v)
                        for k, v in json.loads(sys.argv[1]).items()}}))

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from sacremoses import MosesPunctNormalizer
 
-from nmt_cli import clean
+from nmt_cli.data import clean
 
 SAMPLE = Path(os.environ.get("NMT_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared/data"))
 SAMPLE = SAMPLE / "wmt-train-sample-10k/train"

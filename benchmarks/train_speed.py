@@ -37,12 +37,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nmt_cli import corpus, distributed  # noqa: E402
 from nmt_cli.artifacts import StageOutput  # noqa: E402
-from nmt_cli.data import Dictionary, IndexedWriter, token_dtype  # noqa: E402
+from nmt_cli.data.dataset import Dictionary, IndexedWriter, token_dtype  # noqa: E402
 from nmt_cli.stages import BinarizeConfig, train_base  # noqa: E402
-from nmt_cli.train import Trainer  # noqa: E402
-from nmt_cli.trainlog import TrainLog  # noqa: E402
+from nmt_cli.training import (
+    corpus,  # noqa: E402
+    distributed,  # noqa: E402
+)
+from nmt_cli.training.train import Trainer  # noqa: E402
+from nmt_cli.training.trainlog import TrainLog  # noqa: E402
 
 
 def idle_share(seconds: float = 2.0) -> float:

@@ -53,6 +53,14 @@ Sets = Annotated[
 ]
 
 
+# The module whose `run(cfg)` each command calls, imported only when the command runs.
+STAGE_MODULES = {
+    "prepare": "data.prepare", "bpe": "data.bpe", "binarize": "data.binarize", "train": "training.train",
+    "average": "training.average", "translate": "inference.translate", "score": "evaluation.score",
+    "plot": "evaluation.plot", "attention": "evaluation.attention_maps",
+}
+
+
 def _opt(cls: type, name: str, *flags: str) -> Any:
     return typer.Option(*flags, help=help_of(cls, name), show_default=False)
 
@@ -66,7 +74,7 @@ def fail(error: NmtError) -> typer.Exit:
 def _run(stage: str, cfg: Any) -> None:
     """Run `stage`'s `run(cfg)`; a user error becomes one red message and exit status 2."""
     try:
-        module = importlib.import_module(f"nmt_cli.{stage}")
+        module = importlib.import_module(f"nmt_cli.{STAGE_MODULES[stage]}")
         module.run(cfg)
     except NmtError as e:
         raise fail(e) from None

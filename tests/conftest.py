@@ -156,7 +156,7 @@ def toy_spm(tmp_path_factory: pytest.TempPathFactory):
     """(sentencepiece model bytes, Dictionary) trained on toy sentences: a real, tiny BPE model."""
     import sentencepiece as spm
 
-    from nmt_cli.data import Dictionary
+    from nmt_cli.data.dataset import Dictionary
 
     folder = tmp_path_factory.mktemp("toy_spm")
     text = folder / "text.txt"
@@ -174,7 +174,7 @@ def toy_spm(tmp_path_factory: pytest.TempPathFactory):
 
 def save_model_file(path: Path, model, dictionary, spm_bytes: bytes, update: int = 0, kind: str = "model") -> Path:
     """Write `model` as `nmt train` / `nmt average` would (the training state left out)."""
-    from nmt_cli import checkpoint
+    from nmt_cli.training import checkpoint
 
     checkpoint.save(path, {"kind": kind, "meta": {"update": update},
                            **checkpoint.model_state(model, model.cfg, dictionary, spm_bytes)})
@@ -189,8 +189,8 @@ def tiny_trained_model(tmp_path_factory: pytest.TempPathFactory, toy_spm) -> Pat
     import torch
     import torch.nn.functional as F
 
-    from nmt_cli.data import BOS, EOS, PAD
-    from nmt_cli.model import Transformer
+    from nmt_cli.data.dataset import BOS, EOS, PAD
+    from nmt_cli.model.transformer import Transformer
     from nmt_cli.stages import ModelConfig
 
     spm_bytes, dictionary = toy_spm

@@ -213,7 +213,7 @@ def model_files(good: Path, folder: Path, marker: Path) -> dict[str, Path]:
     Loading "pickle_with_code" or "raw_pickle" unsafely would create `marker`."""
     import torch
 
-    from nmt_cli import checkpoint
+    from nmt_cli.training import checkpoint
 
     folder.mkdir(parents=True, exist_ok=True)
     data = good.read_bytes()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fake_statmt import tar_bytes
-from nmt_cli.archive import MARKER, extract
+from nmt_cli.data.archive import MARKER, extract
 from nmt_cli.errors import NmtError
 
 HOSTILE_NAMES = {"absolute": "/tmp/nmt-evil-absolute", "dotdot": "training/../../escaped.txt",

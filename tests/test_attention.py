@@ -17,11 +17,17 @@ import pytest
 import torch
 
 from conftest import assert_user_error, nmt
-from nmt_cli import checkpoint
-from nmt_cli.attention import attention_maps, figure_inches, lines_inches, recording, token_label
-from nmt_cli.data import BOS, EOS, PAD
-from nmt_cli.model import Transformer
+from nmt_cli.data.dataset import BOS, EOS, PAD
+from nmt_cli.evaluation.attention_maps import (
+    attention_maps,
+    figure_inches,
+    lines_inches,
+    recording,
+    token_label,
+)
+from nmt_cli.model.transformer import Transformer
 from nmt_cli.stages import ModelConfig
+from nmt_cli.training import checkpoint
 
 VOCAB = 40
 SMALL = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.1)

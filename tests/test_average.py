@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from conftest import assert_user_error, nmt, save_model_file
-from nmt_cli import checkpoint
-from nmt_cli.average import average_states, run
-from nmt_cli.data import Dictionary
+from nmt_cli.data.dataset import Dictionary
 from nmt_cli.errors import NmtError
-from nmt_cli.model import Transformer
+from nmt_cli.model.transformer import Transformer
 from nmt_cli.stages import AverageConfig, ModelConfig
+from nmt_cli.training import checkpoint
+from nmt_cli.training.average import average_states, run
 
 CFG = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=32, d_ff=64, heads=4, dropout=0.0, max_positions=64)
 

@@ -11,9 +11,9 @@ import pytest
 import sentencepiece as spm
 
 from conftest import MULTI30K_SPLITS, assert_user_error, make_prepare_folder, nmt
-from nmt_cli import binarize, streaming
 from nmt_cli.artifacts import read_lines
-from nmt_cli.data import SPECIALS, UNK, Dictionary, IndexedDataset
+from nmt_cli.data import binarize, streaming
+from nmt_cli.data.dataset import SPECIALS, UNK, Dictionary, IndexedDataset
 from nmt_cli.stages import BinarizeConfig
 
 

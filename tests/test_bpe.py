@@ -9,8 +9,8 @@ import pytest
 import sentencepiece as spm
 
 from conftest import MULTI30K_SPLITS, assert_user_error, make_prepare_folder, nmt
-from nmt_cli import bpe, streaming
 from nmt_cli.artifacts import read_lines, sha256_file
+from nmt_cli.data import bpe, streaming
 from nmt_cli.stages import BpeConfig
 
 

@@ -14,11 +14,11 @@ import torch
 
 import nmt_cli
 from conftest import assert_user_error, nmt, save_model_file
-from nmt_cli import checkpoint
-from nmt_cli.checkpoint import BEST, LAST
 from nmt_cli.errors import NmtError
-from nmt_cli.model import Transformer
+from nmt_cli.model.transformer import Transformer
 from nmt_cli.stages import ModelConfig
+from nmt_cli.training import checkpoint
+from nmt_cli.training.checkpoint import BEST, LAST
 
 CFG = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, d_ff=32, heads=2, dropout=0.0, max_positions=32)
 
@@ -145,7 +145,7 @@ _UNSAFE_CALLS = {"pickle.load", "pickle.loads", "torch.jit.load", "marshal.load"
 def test_every_torch_load_in_the_package_is_weights_only() -> None:
     """Scans the source: every torch.load passes weights_only=True, and nothing else unpickles."""
     found = []
-    for path in sorted(Path(nmt_cli.__file__).parent.glob("*.py")):
+    for path in sorted(Path(nmt_cli.__file__).parent.rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module in ("pickle", "torch", "marshal", "dill"):

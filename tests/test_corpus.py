@@ -9,9 +9,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nmt_cli import corpus
-from nmt_cli.data import BOS, EOS, PAD, IndexedDataset, batch_by_size, collate, filter_by_size, shard_batches
+from nmt_cli.data.dataset import (
+    BOS,
+    EOS,
+    PAD,
+    IndexedDataset,
+    batch_by_size,
+    collate,
+    filter_by_size,
+    shard_batches,
+)
 from nmt_cli.stages import train_base
+from nmt_cli.training import corpus
 from synthetic_binarized import SRC, TGT, build
 
 

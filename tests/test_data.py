@@ -10,7 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nmt_cli.data import SPECIALS, Dictionary, IndexedDataset, IndexedWriter, read_sequential, token_dtype
+from nmt_cli.data.dataset import (
+    SPECIALS,
+    Dictionary,
+    IndexedDataset,
+    IndexedWriter,
+    read_sequential,
+    token_dtype,
+)
 from nmt_cli.errors import NmtError
 
 

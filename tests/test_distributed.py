@@ -6,8 +6,8 @@ import dataclasses
 from pathlib import Path
 
 from nmt_cli.config import resolve
-from nmt_cli.distributed import torchrun_arguments, worker_arguments
 from nmt_cli.stages import TrainConfig, train_base
+from nmt_cli.training.distributed import torchrun_arguments, worker_arguments
 
 
 def _cfg(**changes: object) -> TrainConfig:
@@ -30,7 +30,7 @@ def test_torchrun_gets_the_multi_node_options() -> None:
     args = torchrun_arguments(_cfg(gpus=8, nnodes=2, node_rank=1, rdzv_endpoint="node0:29500", max_restarts=3), 8)
     flat = " ".join(args)
     for option in ("--nproc-per-node 8", "--nnodes 2", "--node-rank 1", "--rdzv-endpoint node0:29500",
-                   "--max-restarts 3", "-m nmt_cli.train data/bin"):
+                   "--max-restarts 3", "-m nmt_cli.training.train data/bin"):
         assert option in flat
     single = torchrun_arguments(_cfg(nproc=2), 2)
     assert "--standalone" in single and "--rdzv-endpoint" not in single

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from fake_statmt import FakeStatmt
-from nmt_cli.download import Remote, Retries, download, from_folder, mirrored, read_checksums, with_checksums
+from nmt_cli.data.download import (
+    Remote,
+    Retries,
+    download,
+    from_folder,
+    mirrored,
+    read_checksums,
+    with_checksums,
+)
 from nmt_cli.errors import NmtError
 
 CONTENT = os.urandom(300_000)  # a few read chunks' worth, incompressible

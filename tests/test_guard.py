@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from conftest import TINY_TRAIN, assert_user_error, nmt, train_records
-from nmt_cli import checkpoint, corpus, distributed, guard, train
-from nmt_cli.data import IndexedDataset
+from nmt_cli.data.dataset import IndexedDataset
 from nmt_cli.errors import NmtError
-from nmt_cli.model import Transformer
-from nmt_cli.resume import Counters
+from nmt_cli.model.transformer import Transformer
 from nmt_cli.stages import ModelConfig, TrainConfig, train_base
-from nmt_cli.trainlog import TrainLog
+from nmt_cli.training import checkpoint, corpus, distributed, guard, train
+from nmt_cli.training.resume import Counters
+from nmt_cli.training.trainlog import TrainLog
 
 TWO_RANKS = [*TINY_TRAIN, "--nproc", "2", "--set", "micro_batches_per_update=1"]
 

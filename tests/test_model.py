@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt_cli.data import BOS, EOS, PAD
-from nmt_cli.model import Transformer, count_parameters
+from nmt_cli.data.dataset import BOS, EOS, PAD
+from nmt_cli.model.transformer import Transformer, count_parameters
 from nmt_cli.stages import ARCHS, ModelConfig
 
 VOCAB = 50
@@ -117,7 +117,8 @@ def test_tied_embeddings_and_scaled_sinusoids() -> None:
     assert model.positions[pos, 2 * i + 1].item() == pytest.approx(torch.cos(torch.tensor(pos / 10000 ** (2 * i / 32))).item())
 
 
-@pytest.mark.parametrize("module", ["model", "data", "loss", "optim", "corpus"])
+@pytest.mark.parametrize("module", ["model/transformer", "data/dataset", "training/loss", "training/optim",
+                                    "training/corpus"])
 def test_library_modules_know_nothing_of_distribution(module: str) -> None:
     source = (Path(__file__).resolve().parents[1] / "nmt_cli" / f"{module}.py").read_text()
     imported = set()
@@ -131,7 +132,7 @@ def test_library_modules_know_nothing_of_distribution(module: str) -> None:
 
 
 def test_cpu_dropout_drops_at_its_rate_and_keeps_the_expectation() -> None:
-    from nmt_cli.model import Dropout
+    from nmt_cli.model.transformer import Dropout
 
     torch.manual_seed(0)
     layer, x = Dropout(0.1), torch.ones(200, 500)
@@ -151,7 +152,7 @@ def test_cpu_dropout_drops_at_its_rate_and_keeps_the_expectation() -> None:
 @pytest.mark.parametrize("causal", [False, True])
 def test_cpu_attention_equals_torch_sdpa(causal: bool) -> None:
     """The CPU's explicit softmax(QK^T/sqrt(K))V gives what scaled_dot_product_attention gives."""
-    from nmt_cli.model import attention
+    from nmt_cli.model.transformer import attention
 
     g = torch.Generator().manual_seed(11)
     q, k, v = (torch.randn(3, 2, 5, 8, generator=g) for _ in range(3))

@@ -7,8 +7,14 @@ import dataclasses
 import pytest
 import torch
 
-from nmt_cli.optim import build_optimizer, inverse_sqrt_lr, learning_rate, paper_lr, peak_learning_rate
 from nmt_cli.stages import train_base
+from nmt_cli.training.optim import (
+    build_optimizer,
+    inverse_sqrt_lr,
+    learning_rate,
+    paper_lr,
+    peak_learning_rate,
+)
 
 
 @pytest.mark.parametrize("step", [1, 10, 1000, 3999, 4000, 4001, 16000, 100000])

@@ -64,7 +64,7 @@ def test_test_set_bleu(multi30k_run: dict[str, Path]) -> None:
 def test_averaged_model_is_the_mean_of_the_last_checkpoints(multi30k_run: dict[str, Path]) -> None:
     import torch
 
-    from nmt_cli import checkpoint
+    from nmt_cli.training import checkpoint
 
     averaged = checkpoint.load(multi30k_run["model"])
     assert [a["update"] for a in averaged["meta"]["averaged"]] == [500, 600, 700]

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import assert_user_error, nmt
 from nmt_cli.errors import NmtError
-from nmt_cli.plot import read_log, run_labels
+from nmt_cli.evaluation.plot import read_log, run_labels
 from synthetic_binarized import build
 
 TINY = ["--arch", "transformer_tiny", "--precision", "fp32", "--max-tokens", "256", "--save-interval-minutes", "0",

@@ -15,12 +15,12 @@ from sacremoses import MosesPunctNormalizer
 
 from conftest import assert_user_error, nmt
 from fake_statmt import FakeStatmt, checksums_file, read_lines, wmt14_archives
-from nmt_cli import prepare
 from nmt_cli.artifacts import read_manifest
-from nmt_cli.clean import Cleaner, Options, normalize_punctuation, read_chunks
+from nmt_cli.data import prepare
+from nmt_cli.data.clean import Cleaner, Options, normalize_punctuation, read_chunks
+from nmt_cli.data.wmt import clean_segment, sgml_segments
 from nmt_cli.errors import NmtError
 from nmt_cli.stages import PrepareConfig
-from nmt_cli.wmt import clean_segment, sgml_segments
 
 EUROPARL, COMMONCRAWL = "/wmt13/training-parallel-europarl-v7.tgz", "/wmt13/training-parallel-commoncrawl.tgz"
 NEWS_COMMENTARY, TEST_FULL = "/wmt14/training-parallel-nc-v9.tgz", "/wmt14/test-full.tgz"
@@ -373,7 +373,7 @@ def test_a_finished_preparation_is_not_redone_until_its_input_changes(tmp_path: 
 
 
 def test_toy_dataset_in_both_directions(tmp_path: Path) -> None:
-    toy = pytest.importorskip("nmt_cli.toy")
+    toy = pytest.importorskip("nmt_cli.data.toy")
     prepare.run(config("toy", tmp_path / "a", toy_train=50, toy_valid=5, toy_test=0))
     manifest = check_contract(tmp_path / "a", toy.SRC_LANG, toy.TGT_LANG, ("train", "valid"))
     assert manifest["splits"]["train"]["lines"] == 50

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import REPO, nmt
 from fake_statmt import FakeStatmt, checksums_file, wmt14_archives
-from nmt_cli import checkpoint
+from nmt_cli.training import checkpoint
 
 pytestmark = pytest.mark.slow
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from conftest import TINY_TRAIN, nmt
-from nmt_cli import checkpoint
-from nmt_cli.checkpoint import BEST, LAST
+from nmt_cli.training import checkpoint
+from nmt_cli.training.checkpoint import BEST, LAST
 
 pytestmark = pytest.mark.slow
 

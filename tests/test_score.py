@@ -14,7 +14,7 @@ import pytest
 
 from conftest import assert_user_error, nmt
 from nmt_cli.errors import NmtError
-from nmt_cli.score import compute_scores, paper_tokenize, run, split_compounds, tokenized_bleu
+from nmt_cli.evaluation.score import compute_scores, paper_tokenize, run, split_compounds, tokenized_bleu
 from nmt_cli.stages import ScoreConfig
 
 

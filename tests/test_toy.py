@@ -1,6 +1,6 @@
 """The generated toy corpus: deterministic, disjoint splits, and the translation phenomena it promises."""
 
-from nmt_cli import toy
+from nmt_cli.data import toy
 
 
 def test_same_seed_same_corpus_other_seed_other_corpus() -> None:

@@ -25,7 +25,7 @@ from typing import Any
 from nmt_cli.artifacts import atomic_writer
 from nmt_cli.errors import NmtError
 from nmt_cli.stages import PlotConfig
-from nmt_cli.trainlog import JSONL
+from nmt_cli.training.trainlog import JSONL
 
 Warn = Callable[[str], None]
 PICTURE_SUFFIXES = {".png": "png", ".svg": "svg"}

@@ -26,9 +26,9 @@ from typing import Any
 
 from rich.console import Console
 
-from nmt_cli import archive, download
-from nmt_cli.clean import Errors, decode
-from nmt_cli.download import Remote
+from nmt_cli.data import archive, download
+from nmt_cli.data.clean import Errors, decode
+from nmt_cli.data.download import Remote
 from nmt_cli.errors import NmtError
 
 _TFDS = "tensorflow-datasets url_checksums"

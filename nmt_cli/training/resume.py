@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from nmt_cli import __version__, checkpoint
+from nmt_cli import __version__
 from nmt_cli.config import to_dict
 from nmt_cli.errors import NmtError
+from nmt_cli.training import checkpoint
 
 if TYPE_CHECKING:
-    from nmt_cli.train import Trainer
+    from nmt_cli.training.train import Trainer
 
 # Training settings whose change on resume is expected (when to stop, how to report, how to launch).
 _FREE_TO_CHANGE = {"max_update", "max_epoch", "max_time_hours", "log_interval", "tensorboard_dir", "dry_run",

@@ -8,7 +8,7 @@ continue bit for bit: rerunning the same command resumes from the newest intact 
 (checkpoint.py). Non-finite values and micro-batches that run out of memory are skipped alike on
 every rank, within limits (guard.py).
 
-Run as ``python -m nmt_cli.train ARGS`` (what torchrun starts) it is the `nmt train` command.
+Run as ``python -m nmt_cli.training.train ARGS`` (what torchrun starts) it is the `nmt train` command.
 """
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nmt_cli import checkpoint, corpus, distributed, guard
-from nmt_cli import optim as optim_lib
 from nmt_cli.artifacts import atomic_write_text
 from nmt_cli.config import dump_yaml
-from nmt_cli.data import EOS, PAD, collate
+from nmt_cli.data.dataset import EOS, PAD, collate
 from nmt_cli.errors import NmtError
-from nmt_cli.loss import label_smoothed_nll, per_token
-from nmt_cli.model import Transformer
-from nmt_cli.resume import Counters, apply_resume, rng_state, training_checkpoint
+from nmt_cli.model.transformer import Transformer
 from nmt_cli.stages import TrainConfig, TranslateConfig
-from nmt_cli.trainlog import JSONL, TrainLog, truncate_after
+from nmt_cli.training import checkpoint, corpus, distributed, guard
+from nmt_cli.training import optim as optim_lib
+from nmt_cli.training.loss import label_smoothed_nll, per_token
+from nmt_cli.training.resume import Counters, apply_resume, rng_state, training_checkpoint
+from nmt_cli.training.trainlog import JSONL, TrainLog, truncate_after
 
 
 def run(cfg: TrainConfig) -> None:
@@ -344,7 +344,7 @@ def validation_bleu(model: Transformer, data: corpus.Corpus, cfg: TrainConfig,
     import sacrebleu
     import sentencepiece as spm
 
-    from nmt_cli.search import translate_ids
+    from nmt_cli.inference.search import translate_ids
 
     split, dictionary = data.valid, data.dictionary
     count = len(split.src) if cfg.valid_bleu_sentences <= 0 else min(cfg.valid_bleu_sentences, len(split.src))

@@ -23,7 +23,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from nmt_cli import clean, wmt
 from nmt_cli.artifacts import (
     StageOutput,
     atomic_writer,
@@ -33,7 +32,8 @@ from nmt_cli.artifacts import (
     read_manifest,
     say_done,
 )
-from nmt_cli.download import Retries
+from nmt_cli.data import clean, wmt
+from nmt_cli.data.download import Retries
 from nmt_cli.errors import NmtError
 from nmt_cli.stages import PrepareConfig
 
@@ -71,7 +71,7 @@ def languages(cfg: PrepareConfig) -> tuple[str, str]:
         case "wmt14-en-de" | "wmt14-en-fr":
             src, tgt = _direction(cfg, cfg.dataset, ("en", cfg.dataset.removeprefix("wmt14-en-")))
         case "toy":
-            from nmt_cli import toy
+            from nmt_cli.data import toy
 
             src, tgt = _direction(cfg, "toy", (toy.SRC_LANG, toy.TGT_LANG))
         case "local":
@@ -180,7 +180,7 @@ def _local_pair(split: str, prefix: str, src: str, tgt: str) -> tuple[Path, Path
 
 
 def _prepare_toy(cfg: PrepareConfig, stage: StageOutput, src: str, tgt: str) -> None:
-    from nmt_cli import toy
+    from nmt_cli.data import toy
 
     reverse = src != toy.SRC_LANG
     for split, size in (("train", cfg.toy_train), ("valid", cfg.toy_valid), ("test", cfg.toy_test)):

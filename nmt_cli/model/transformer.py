@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt_cli.data import BOS, EOS, PAD
+from nmt_cli.data.dataset import BOS, EOS, PAD
 from nmt_cli.stages import ModelConfig
 
 # One dict per decoder layer: "memory_k"/"memory_v" over the encoder output (one copy per sentence),

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nmt_cli.data import PAD
+from nmt_cli.data.dataset import PAD
 
 
 def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float, pad: int = PAD) -> tuple[Tensor, Tensor]:

@@ -32,7 +32,7 @@ import torch
 
 from nmt_cli.artifacts import _fsync_dir, atomic_writer
 from nmt_cli.config import build
-from nmt_cli.data import Dictionary
+from nmt_cli.data.dataset import Dictionary
 from nmt_cli.errors import NmtError
 from nmt_cli.stages import ModelConfig
 
@@ -163,7 +163,7 @@ def differing_fields(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 def load_model(path: Path, device: str | torch.device = "cpu"):
     """(model in eval mode, dictionary, sentencepiece model bytes) from a checkpoint or model file."""
-    from nmt_cli.model import Transformer
+    from nmt_cli.model.transformer import Transformer
 
     state = load(path)
     cfg = model_config_of(state, path)

@@ -56,15 +56,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from nmt_cli import corpus, distributed
-from nmt_cli.data import PAD
+from nmt_cli.data.dataset import PAD
 from nmt_cli.errors import NmtError
-from nmt_cli.resume import Counters
 from nmt_cli.stages import TrainConfig
+from nmt_cli.training import corpus, distributed
+from nmt_cli.training.resume import Counters
 
 if TYPE_CHECKING:
-    from nmt_cli.train import Trainer
-    from nmt_cli.trainlog import TrainLog
+    from nmt_cli.training.train import Trainer
+    from nmt_cli.training.trainlog import TrainLog
 
 _FAULT = re.compile(r"(loss|grad|oom|oom-backward)@(\d+)(?:-(\d+))?(?:\.(\d+))?(?:/(\d+))?")
 

@@ -27,15 +27,15 @@ from typing import IO
 import sentencepiece as spm
 import torch
 
-from nmt_cli import checkpoint
 from nmt_cli.artifacts import atomic_writer, check_output_file, count_lines
-from nmt_cli.bpe import sentencepiece_processor
-from nmt_cli.data import EOS, Dictionary
+from nmt_cli.data.bpe import sentencepiece_processor
+from nmt_cli.data.dataset import EOS, Dictionary
 from nmt_cli.errors import NmtError
-from nmt_cli.model import Transformer
-from nmt_cli.replicas import Replicas, describe
-from nmt_cli.search import compile_decoder, keep_freed_memory, translate_ids
+from nmt_cli.inference.replicas import Replicas, describe
+from nmt_cli.inference.search import compile_decoder, keep_freed_memory, translate_ids
+from nmt_cli.model.transformer import Transformer
 from nmt_cli.stages import TranslateConfig
+from nmt_cli.training import checkpoint
 
 # Every character that could end or split a line for some reader (str.splitlines breaks on all
 # of them) or that a terminal interprets: C0 and C1 controls, DEL, U+2028/U+2029. Tab included.
