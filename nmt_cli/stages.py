@@ -1,7 +1,7 @@
 """The typed config of every stage: the only place a default lives.
 
 Each `nmt` command builds one of these with `config.resolve` (defaults < YAML < command line) and
-passes it to its module's `run(cfg)`. Defaults follow "Attention Is All You Need" (PAPER.md) unless
+passes it to its module's `run(cfg)`. Defaults follow "Attention Is All You Need" (arXiv 1706.03762) unless
 the help text says otherwise. No torch here: `nmt --help` imports this module.
 """
 

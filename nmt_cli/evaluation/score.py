@@ -11,7 +11,7 @@
   "a ##AT##-##AT## b-c", exactly as the script does), then `multi-bleu.perl`: case-sensitive BLEU on
   whitespace-split tokens, no smoothing. The script reads an already tokenized reference; here the
   raw reference goes through the same steps as the hypothesis. Roughly one point above sacreBLEU for
-  the same output (PAPER.md).
+  the same output.
 
 The scores are printed and written as JSON (`--json`, default HYP.scores.json):
 ``{"hyp", "ref", "segments", "target_lang", "sacrebleu": {"score", "signature", "verbose",
