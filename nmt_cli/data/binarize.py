@@ -37,8 +37,9 @@ from nmt_cli.artifacts import (
 )
 from nmt_cli.data.bpe import sentencepiece_processor
 from nmt_cli.data.dataset import UNK, Dictionary, IndexedWriter, read_sequential, token_dtype
-from nmt_cli.data.streaming import Block, LineProgress, WorkerPool, line_blocks, worker_count
+from nmt_cli.data.streaming import Block, WorkerPool, line_blocks, line_progress, worker_count
 from nmt_cli.errors import NmtError
+from nmt_cli.progress import ProgressReport
 from nmt_cli.stages import BinarizeConfig
 
 BPE_COMMAND = "nmt bpe RAW --out BPE"
@@ -129,7 +130,7 @@ def _block_ids(task: tuple[str, Block]) -> tuple[np.ndarray, np.ndarray, list[by
 
 
 def _write_file(pool: WorkerPool, source: Path, prefix: Path, table_path: Path, dtype: np.dtype,
-                expected_lines: int, progress: LineProgress,
+                expected_lines: int, progress: ProgressReport,
                 resolve: Callable[[np.ndarray, list[bytes]], np.ndarray]) -> int:
     """Write the pieces of `source` as PREFIX.bin/.idx; `resolve(ids, others)` replaces the
     _OTHER ids of each block. Returns the number of tokens."""
@@ -154,7 +155,7 @@ def _binarize_with_dictionary(pool: WorkerPool, cfg: BinarizeConfig, langs: tupl
     """Write OUT/{split}.{lang}.bin/.idx with the ids of OUT/dict.txt; the manifest's split entries."""
     dtype = token_dtype(dict_size)
     splits: dict[str, dict[str, Any]] = {}
-    with LineProgress("binarize", "write ids", 2 * sum(lines.values())) as progress:
+    with line_progress("binarize", "write ids", 2 * sum(lines.values())) as progress:
         for split, expected in lines.items():
             splits[split] = {"sentences": expected, "tokens": {}, "unk_rate": {}}
             for lang in langs:
@@ -216,7 +217,7 @@ def _binarize_training_text(pool: WorkerPool, cfg: BinarizeConfig, langs: tuple[
     counts = _ProvisionalCounts(_model_symbols(model))
     provisional = {lang: cfg.out / f".train.{lang}.provisional" for lang in langs}
     try:
-        with LineProgress("binarize", "count and write train", 2 * train_lines) as progress:
+        with line_progress("binarize", "count and write train", 2 * train_lines) as progress:
             for lang in langs:
                 _write_file(pool, cfg.bpe / f"train.{lang}", provisional[lang], model, np.dtype(np.int32),
                             train_lines, progress, counts.add)

@@ -41,7 +41,7 @@ from nmt_cli.artifacts import (
     say_done,
     sha256_file,
 )
-from nmt_cli.data.streaming import Block, LineProgress, WorkerPool, cpu_cores, line_blocks, worker_count
+from nmt_cli.data.streaming import Block, WorkerPool, cpu_cores, line_blocks, line_progress, worker_count
 from nmt_cli.errors import NmtError
 from nmt_cli.stages import BpeConfig
 
@@ -153,7 +153,7 @@ def _training_sentences(cfg: BpeConfig, files: list[Path], chosen: np.ndarray | 
                         failure: list[BaseException]) -> Iterator[str]:
     """The chosen lines of `files`, in file order, for sentencepiece's trainer (which keeps them all)."""
     try:
-        with LineProgress("bpe", "read training text", facts["training_sentences"]) as progress:
+        with line_progress("bpe", "read training text", facts["training_sentences"]) as progress:
             number = 0  # of the block's first line, counted over all files
             for path in files:
                 for block in line_blocks(path):
@@ -227,7 +227,7 @@ def encode_corpus(cfg: BpeConfig, model: Path, lines: dict[str, int],
     """Write OUT/{split}.{lang} for every split and language; returns {split: {lang: pieces}}."""
     pieces: dict[str, dict[str, int]] = {}
     model_path = str(model.resolve())
-    with WorkerPool(cfg.workers) as pool, LineProgress("bpe", "encode", 2 * sum(lines.values())) as progress:
+    with WorkerPool(cfg.workers) as pool, line_progress("bpe", "encode", 2 * sum(lines.values())) as progress:
         for split, expected in lines.items():
             pieces[split] = {}
             for lang in langs:

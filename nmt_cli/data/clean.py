@@ -21,7 +21,6 @@ separators FS/GS/RS, NEL, U+2028, U+2029) turned into spaces, so all tools count
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gzip
 import hashlib
@@ -38,10 +37,10 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 import regex
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
 from nmt_cli.errors import NmtError
+from nmt_cli.progress import ProgressReport
 
 Errors = Literal["strict", "replace"]
 STEPS = ("drop_empty", "max_words", "max_ratio", "dedup")
@@ -241,7 +240,7 @@ class Cleaner:
         counts: Counter = Counter()
         pairs_in = 0
         sizes = (_size(src), _size(tgt))
-        with _progress(name, None if None in sizes else sum(sizes)) as advance:
+        with _progress(name, None if None in sizes else sum(sizes)) as progress:
             for chunk, result in self._cleaned(read_chunks(src, tgt, self.chunk_pairs)):
                 pairs_in += len(chunk.pairs)
                 counts.update(result.counts)
@@ -252,7 +251,7 @@ class Cleaner:
                     if digest is not None:
                         self.seen.add(digest)
                     write(s, t)
-                advance(sum(len(a) + len(b) for a, b in chunk.pairs), pairs_in)
+                progress.advance(sum(len(a) + len(b) for a, b in chunk.pairs), pairs=pairs_in)
         return _record(src, tgt, pairs_in, counts, self.opts)
 
     def _cleaned(self, chunks: Iterator[Chunk]) -> Iterator[tuple[Chunk, Cleaned]]:
@@ -291,17 +290,9 @@ def _size(path: Path) -> int | None:
     return None if path.suffix == ".gz" else path.stat().st_size
 
 
-@contextlib.contextmanager
-def _progress(name: str, total_bytes: int | None) -> Iterator[Callable[[int, int], None]]:
+def _progress(name: str, total_bytes: int | None) -> ProgressReport:
     """A bar over the input bytes on a terminal; one line per corpus otherwise."""
-    console = Console(stderr=True)
-    if not console.is_terminal:
-        state = {"pairs": 0}
-        yield lambda n_bytes, pairs: state.__setitem__("pairs", pairs)
-        console.print(f"cleaned {name}: {state['pairs']} pairs read", highlight=False)
-        return
     columns = (TextColumn("cleaning {task.description}"), BarColumn(), TextColumn("{task.fields[pairs]} pairs"),
                TimeElapsedColumn())
-    with Progress(*columns, console=console) as progress:
-        task = progress.add_task(name, total=total_bytes, pairs=0)
-        yield lambda n_bytes, pairs: progress.update(task, advance=n_bytes, pairs=pairs)
+    return ProgressReport(name, total_bytes, lambda p: f"cleaned {name}: {p.fields['pairs']} pairs read",
+                          columns=columns, pairs=0)

@@ -274,10 +274,6 @@ def _sgml_split(stage: StageOutput, split: str, src: str, tgt: str, files: tuple
 # Telling the user
 
 
-def _log(message: str) -> None:
-    Console(stderr=True, soft_wrap=True).print(message, highlight=False, markup=False)
-
-
 def _summary(out: Path, info: dict[str, Any]) -> None:
     console = Console()
     splits = Table(title=f"nmt prepare {info['dataset']}: {info['src_lang']}->{info['tgt_lang']} in {out}")

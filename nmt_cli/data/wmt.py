@@ -24,12 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from nmt_cli.data import archive, download
 from nmt_cli.data.clean import Errors, decode
 from nmt_cli.data.download import Remote
 from nmt_cli.errors import NmtError
+from nmt_cli.progress import log
 
 _TFDS = "tensorflow-datasets url_checksums"
 ARCHIVES = {remote.name: remote for remote in [
@@ -116,7 +115,7 @@ def fetch(other: str, src: str, tgt: str, downloads: Path, from_dir: Path | None
     records = {r.name: record for r, (_, record) in zip(remotes, located, strict=True)}
     paths: dict[str, Path] = {}
     for remote, (path, _) in zip(remotes, located, strict=True):
-        Console(stderr=True).print(f"reading {remote.name}", highlight=False)
+        log(f"reading {remote.name}")
         paths |= archive.extract(path, wanted[remote.name], downloads / "extracted" / remote.name)
     return Files(
         train=[(name, paths[s], paths[t]) for name, s, t, _ in train],
