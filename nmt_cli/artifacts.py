@@ -49,7 +49,7 @@ def atomic_writer(path: Path, mode: str = "wb") -> Iterator[IO]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -61,13 +61,17 @@ def atomic_write_text(path: Path, text: str) -> None:
         f.write(text)
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """Make a rename or a new file in `folder` survive a power cut (the folder's entry is on disk)."""
     with contextlib.suppress(OSError):  # not every filesystem lets a folder be fsynced
         fd = os.open(folder, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+_fsync_dir = fsync_dir  # removed after the training refactor merges
 
 
 def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
