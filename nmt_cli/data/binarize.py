@@ -2,7 +2,7 @@
 
 Reads a folder written by `nmt bpe` and writes ``dict.txt`` (pad/bos/eos/unk with ids 0..3, then the
 pieces of both languages' training text by descending count), ``{split}.{lang}.bin/.idx`` (see
-`data.py`) and a copy of ``spm.model``, so `nmt train` and `nmt translate` need only this folder.
+`dataset.py`) and a copy of ``spm.model``, so `nmt train` and `nmt translate` need only this folder.
 The share of pieces that became ``<unk>`` is reported per split and language.
 
 Work is streamed in blocks through worker processes (`streaming.py`); memory holds the dictionary

@@ -9,7 +9,7 @@ about 37000 tokens"):
 - On at most `sample_sentences` training sentences of both languages, drawn uniformly without
   replacement with our own seed. We sample here rather than with sentencepiece's
   `input_sentence_size`, whose reservoir sampler has a fixed seed built into the library.
-- No bos/eos/pad pieces: `data.Dictionary` adds its own specials; sentencepiece keeps only `<unk>`.
+- No bos/eos/pad pieces: `dataset.Dictionary` adds its own specials; sentencepiece keeps only `<unk>`.
 - Byte fallback only when `character_coverage < 1`: then the rare characters left out of the
   alphabet become UTF-8 byte pieces the model can learn instead of `<unk>`. With full coverage every
   training character is a piece, byte pieces would never occur in the training text and never reach

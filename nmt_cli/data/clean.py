@@ -101,7 +101,8 @@ def _moses_substitutions(lang: str) -> list[tuple[re.Pattern, str]]:
 
 
 def normalize_punctuation(text: str, lang: str) -> str:
-    """Equal to `sacremoses.MosesPunctNormalizer(lang).normalize(text)` (tested), 1.5x faster."""
+    """Equal to `sacremoses.MosesPunctNormalizer(lang).normalize(text)` (tested), and faster: the
+    patterns are compiled once, not on every call."""
     for pattern, replacement in _moses_substitutions(lang):
         text = pattern.sub(replacement, text)
     return text.strip()

@@ -2,11 +2,11 @@
 
 The model reads the source and, teacher-forced, the target: the one given with ``--target``, else
 its own beam-search translation. While it runs, every attention layer hands its softmax rows to a
-recorder (`recording`; model.py computes them only then). One kind of attention, one layer and one
-head or all heads are drawn: as heatmaps, queries down and keys across, or with ``--style lines``
-as in the paper's figures 3-5 (encoder self-attention of layer 5 of 6), queries above keys, each
-pair joined by a line as opaque as its weight, one colour per head, ``--query`` picking one query
-token's lines. The model runs on the CPU in float32.
+recorder (`recording`; `model/transformer.py` computes them only then). One kind of attention, one
+layer and one head or all heads are drawn: as heatmaps, queries down and keys across, or with
+``--style lines`` as in the paper's figures 3-5 (encoder self-attention of layer 5 of 6), queries
+above keys, each pair joined by a line as opaque as its weight, one colour per head, ``--query``
+picking one query token's lines. The model runs on the CPU in float32.
 
 Positions and their labels. Encoder self-attention: the source pieces and EOS on both axes.
 Decoder self-attention: the keys are the decoder's inputs (BOS, y1 .. yn); each query position is

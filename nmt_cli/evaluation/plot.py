@@ -1,6 +1,6 @@
 """`nmt plot`: the training curves of one or more runs, drawn from their ``train.jsonl``.
 
-Each run's records (trainlog.py) become lines against updates (or training hours with
+Each run's records (`training/trainlog.py`) become lines against updates (or training hours with
 ``--x hours``): loss and perplexity of training and validation, validation BLEU, the learning rate,
 the gradient norm and the speed. Runs are overlaid in one colour each, labelled by their folder
 name; training is a solid line, validation dashed with a dot per validation. The picture is PNG or

@@ -2,16 +2,17 @@
 
 - sacreBLEU (Post 2018) with its signature: the number to compare with sacreBLEU tables.
 - chrF (Popović 2015) with its signature, as sacreBLEU computes it.
-- Tokenized BLEU: what the paper reports (27.3 base, 28.4 big on newstest2014 en-de; 38.1 and
-  41.8 en-fr), computed as tensor2tensor's `get_ende_bleu.sh` does (compound splitting for a German
-  target only, as that script is for German): Moses replace-unicode-punctuation,
-  then the Moses tokenizer (`tokenizer.perl -l TGT`, escaping on, no aggressive dash splitting),
-  then every hyphen between two non-space characters split off as ``##AT##-##AT##`` (Perl's
-  ``s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g``: matches do not overlap, so "a-b-c" becomes
-  "a ##AT##-##AT## b-c", exactly as the script does), then `multi-bleu.perl`: case-sensitive BLEU on
-  whitespace-split tokens, no smoothing. The script reads an already tokenized reference; here the
-  raw reference goes through the same steps as the hypothesis. Roughly one point above sacreBLEU for
-  the same output (PAPER.md).
+- Tokenized BLEU: what "Attention Is All You Need" reports (arXiv 1706.03762, section 6.1,
+  Table 2: 27.3 base, 28.4 big on newstest2014 en-de; 38.1 and 41.8 en-fr), computed as tensor2tensor's
+  `get_ende_bleu.sh` does (compound splitting for a German target only, as that script is for
+  German): Moses replace-unicode-punctuation, then the Moses tokenizer (`tokenizer.perl -l TGT`,
+  escaping on, no aggressive dash splitting), then every hyphen between two non-space characters
+  split off as ``##AT##-##AT##`` (Perl's ``s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g``: matches do not
+  overlap, so "a-b-c" becomes "a ##AT##-##AT## b-c", exactly as the script does), then
+  `multi-bleu.perl`: case-sensitive BLEU on whitespace-split tokens, no smoothing. The script reads
+  an already tokenized reference; here the raw reference goes through the same steps as the
+  hypothesis. Roughly one point above sacreBLEU for the same output, which is why the two are
+  labelled apart.
 
 The scores are printed and written as JSON (`--json`, default HYP.scores.json):
 ``{"hyp", "ref", "segments", "target_lang", "sacrebleu": {"score", "signature", "verbose",
