@@ -97,7 +97,8 @@ def _moses_substitutions(lang: str) -> list[tuple[re.Pattern, str]]:
     """sacremoses' own substitution list for `lang`, compiled once (its normalize() recompiles per call)."""
     from sacremoses import MosesPunctNormalizer
 
-    return [(re.compile(pattern), replacement) for pattern, replacement in MosesPunctNormalizer(lang=lang).substitutions]
+    substitutions = MosesPunctNormalizer(lang=lang).substitutions
+    return [(re.compile(pattern), replacement) for pattern, replacement in substitutions]
 
 
 def normalize_punctuation(text: str, lang: str) -> str:
@@ -116,7 +117,8 @@ def remove_non_printing(text: str) -> str:
 
 
 def too_uneven(src_words: int, tgt_words: int, max_ratio: float) -> bool:
-    """clean-corpus-n.perl: drop when src/tgt > ratio or tgt/src > ratio. One empty side is infinitely uneven."""
+    """clean-corpus-n.perl: drop when src/tgt > ratio or tgt/src > ratio. One empty side is
+    infinitely uneven."""
     if src_words == 0 or tgt_words == 0:
         return src_words != tgt_words
     return src_words / tgt_words > max_ratio or tgt_words / src_words > max_ratio
@@ -165,7 +167,8 @@ def clean_chunk(chunk: Chunk, opts: Options) -> Cleaned:
         tgt, bad_tgt = decode(raw_tgt, opts.errors, chunk.tgt_path, number)
         out.counts["invalid_utf8"] += bad_src or bad_tgt
         if opts.normalize_punctuation:
-            new_src, new_tgt = normalize_punctuation(src, opts.src_lang), normalize_punctuation(tgt, opts.tgt_lang)
+            new_src = normalize_punctuation(src, opts.src_lang)
+            new_tgt = normalize_punctuation(tgt, opts.tgt_lang)
             out.counts["normalize_punctuation"] += new_src != src or new_tgt != tgt
             src, tgt = new_src, new_tgt
         if opts.remove_non_printing:
@@ -283,8 +286,9 @@ def _record(src: Path, tgt: Path, pairs_in: int, counts: Counter, opts: Options)
         steps.append({"step": step, "before": remaining, "after": remaining - counts[step]})
         remaining -= counts[step]
     changed = {k: counts[k] for k in ("normalize_punctuation", "remove_non_printing") if getattr(opts, k)}
-    return {"src": str(src), "tgt": str(tgt), "pairs_in": pairs_in, "invalid_utf8_pairs": counts["invalid_utf8"],
-            "pairs_changed_by": changed, "steps": steps, "pairs_out": remaining}
+    return {"src": str(src), "tgt": str(tgt), "pairs_in": pairs_in,
+            "invalid_utf8_pairs": counts["invalid_utf8"], "pairs_changed_by": changed, "steps": steps,
+            "pairs_out": remaining}
 
 
 def _size(path: Path) -> int | None:
@@ -293,7 +297,7 @@ def _size(path: Path) -> int | None:
 
 def _progress(name: str, total_bytes: int | None) -> ProgressReport:
     """A bar over the input bytes on a terminal; one line per corpus otherwise."""
-    columns = (TextColumn("cleaning {task.description}"), BarColumn(), TextColumn("{task.fields[pairs]} pairs"),
-               TimeElapsedColumn())
+    columns = (TextColumn("cleaning {task.description}"), BarColumn(),
+               TextColumn("{task.fields[pairs]} pairs"), TimeElapsedColumn())
     return ProgressReport(name, total_bytes, lambda p: f"cleaned {name}: {p.fields['pairs']} pairs read",
                           columns=columns, pairs=0)

@@ -99,7 +99,8 @@ def verify(path: Path, remote: Remote, fix: str) -> dict[str, Any]:
                            f"{expected} ({remote.origin}), got {digests[algorithm]}; {fix}")
     checked = [k for k in ("sha256", "md5", "bytes") if getattr(remote, k) is not None]
     return {"url": remote.url, "path": str(path), "bytes": size, **digests,
-            "verified": f"{'+'.join(checked)} from {remote.origin}" if checked else "no published size or checksum"}
+            "verified": f"{'+'.join(checked)} from {remote.origin}" if checked
+            else "no published size or checksum"}
 
 
 def hash_file(path: Path, md5: bool = False) -> dict[str, str]:
@@ -195,10 +196,10 @@ def _transfer(url: str, part: Path, remote: Remote, timeout: float, progress: Pr
         _copy_body(response, part, offset, total, progress)
         checkable = any(v is not None for v in (remote.bytes, remote.sha256, remote.md5))
         if total is None and not getattr(response, "chunked", False) and not checkable:
-            raise NmtError(f"{url} did not say how long {remote.name} is and no size or checksum of it is known, "
-                           f"so the {_size(part)} bytes received (kept in {part}) may be cut short; give its "
-                           f"sha256 with --checksums (a line 'HEX  {remote.name}') and run again, or download "
-                           "it by hand and pass --from FOLDER")
+            raise NmtError(f"{url} did not say how long {remote.name} is and no size or checksum of it is "
+                           f"known, so the {_size(part)} bytes received (kept in {part}) may be cut short; "
+                           f"give its sha256 with --checksums (a line 'HEX  {remote.name}') and run again, "
+                           "or download it by hand and pass --from FOLDER")
 
 
 def _http_error(e: urllib.error.HTTPError, url: str, part: Path, offset: int) -> None:

@@ -66,16 +66,17 @@ def compute_scores(hyps: list[str], refs: list[str], target_lang: str, tokenize:
     bleu_metric, chrf_metric = BLEU(tokenize=tokenize), CHRF()
     bleu, chrf = bleu_metric.corpus_score(hyps, [refs]), chrf_metric.corpus_score(hyps, [refs])
     paper = tokenized_bleu(hyps, refs, target_lang)
+    compound = "compound-split:##AT##|" if target_lang == "de" else ""
     return {
         "sacrebleu": {"score": bleu.score, "signature": str(bleu_metric.get_signature()),
                       "verbose": bleu.format(width=2, score_only=False),
                       "comparable_to": "sacreBLEU tables (not the paper's tokenized BLEU)"},
         "chrf": {"score": chrf.score, "signature": str(chrf_metric.get_signature())},
         "tokenized_bleu": {"score": paper.score,
-                           "signature": f"moses-tok:{target_lang}|"
-                                        f"{'compound-split:##AT##|' if target_lang == 'de' else ''}multi-bleu|smooth:none",
+                           "signature": f"moses-tok:{target_lang}|{compound}multi-bleu|smooth:none",
                            "verbose": paper.format(width=2, score_only=False),
-                           "comparable_to": PAPER.get(target_lang, "tokenized BLEU as papers before sacreBLEU")},
+                           "comparable_to": PAPER.get(target_lang,
+                                                      "tokenized BLEU as papers before sacreBLEU")},
     }
 
 
@@ -84,7 +85,8 @@ def _reference(cfg: ScoreConfig) -> Path:
     if cfg.ref is not None:
         return Path(cfg.ref)
     if cfg.test_set is None:
-        raise NmtError("give the reference with --ref FILE, or a sacreBLEU test set with --test-set and --langpair")
+        raise NmtError("give the reference with --ref FILE, "
+                       "or a sacreBLEU test set with --test-set and --langpair")
     if cfg.langpair is None:
         raise NmtError(f"--test-set {cfg.test_set} needs --langpair (e.g. en-de)")
     from sacrebleu.utils import get_reference_files
@@ -95,7 +97,8 @@ def _reference(cfg: ScoreConfig) -> Path:
         refs = get_reference_files(cfg.test_set, cfg.langpair)
     except (Exception, SystemExit) as e:  # sacreBLEU exits the process when a download fails
         raise NmtError(f"could not get the references of {cfg.test_set} {cfg.langpair} from sacreBLEU "
-                       f"({e or 'download failed'}); offline, pass a local reference file with --ref") from None
+                       f"({e or 'download failed'}); offline, pass a local reference file "
+                       "with --ref") from None
     finally:
         socket.setdefaulttimeout(previous)
     if len(refs) != 1:
@@ -117,7 +120,8 @@ def _target_lang(cfg: ScoreConfig, ref: Path) -> tuple[str, str]:
 
 def run(cfg: ScoreConfig) -> None:
     hyp_path = Path(cfg.hyp)
-    out_json = Path(cfg.out_json) if cfg.out_json is not None else hyp_path.with_name(hyp_path.name + ".scores.json")
+    out_json = (Path(cfg.out_json) if cfg.out_json is not None
+                else hyp_path.with_name(hyp_path.name + ".scores.json"))
     check_output_file(out_json, "--json")
     ref_path = _reference(cfg)
     target_lang, lang_note = _target_lang(cfg, ref_path)
@@ -128,10 +132,12 @@ def run(cfg: ScoreConfig) -> None:
     if not hyps:
         raise NmtError(f"{hyp_path} and {ref_path} are empty: there is nothing to score")
     scores = compute_scores(hyps, refs, target_lang, cfg.tokenize)
-    report = {"hyp": str(hyp_path), "ref": str(ref_path), "segments": len(hyps), "target_lang": target_lang, **scores}
+    report = {"hyp": str(hyp_path), "ref": str(ref_path), "segments": len(hyps), "target_lang": target_lang,
+              **scores}
     atomic_write_text(out_json, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     s, c, t = scores["sacrebleu"], scores["chrf"], scores["tokenized_bleu"]
     print(f"sacreBLEU       {s['score']:6.2f}  {s['signature']}  <- compare with sacreBLEU tables\n"
           f"chrF            {c['score']:6.2f}  {c['signature']}\n"
-          f"tokenized BLEU  {t['score']:6.2f}  {t['signature']}  <- compare with {t['comparable_to']}{lang_note}\n"
+          f"tokenized BLEU  {t['score']:6.2f}  {t['signature']}  "
+          f"<- compare with {t['comparable_to']}{lang_note}\n"
           f"scores written to {out_json}")
