@@ -19,7 +19,8 @@ def test_without_a_bar_the_log_has_a_first_line_and_a_last_line_with_the_counts(
     assert capsys.readouterr().err.splitlines() == ["starting x", "done=7 total=10 pairs=2"]
 
 
-def test_lines_come_every_so_many_seconds_and_none_at_the_end_when_asked(capsys: pytest.CaptureFixture) -> None:
+def test_lines_come_every_so_many_seconds_and_none_at_the_end_when_asked(
+        capsys: pytest.CaptureFixture) -> None:
     with ProgressReport("x", 5, _line, every_seconds=0.0, at_end=False, bar=False) as report:
         report.advance(2)
         report.advance(3)
