@@ -59,8 +59,8 @@ def make_corpus(out: Path, lines_per_side: int) -> None:
         for name in ("train", "valid", "test"):
             for lang in ("en", "de"):
                 stage.add_output(f"{name}.{lang}")
-        stage.info.update(src_lang="en", tgt_lang="de",
-                          splits={s: {"lines": count_lines(out / f"{s}.en")} for s in ("train", "valid", "test")})
+        splits = {s: {"lines": count_lines(out / f"{s}.en")} for s in ("train", "valid", "test")}
+        stage.info.update(src_lang="en", tgt_lang="de", splits=splits)
 
 
 def train_model(work: Path, vocab_size: int) -> Path:
@@ -73,7 +73,8 @@ def train_model(work: Path, vocab_size: int) -> Path:
 
 def run_stage(stage: str, config: str, fields: dict) -> dict:
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", STAGE_SCRIPT.format(stage=stage, config=config), json.dumps(fields)],
+    script = STAGE_SCRIPT.format(stage=stage, config=config)
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(fields)],
                           capture_output=True, text=True, cwd=REPO)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
@@ -82,11 +83,14 @@ def run_stage(stage: str, config: str, fields: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lines", type=int, nargs="+", default=[1_000_000, 2_000_000], help="training lines per side")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lines", type=int, nargs="+", default=[1_000_000, 2_000_000],
+                        help="training lines per side")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--vocab-size", type=int, default=16000)
-    parser.add_argument("--work", type=Path, default=None, help="folder for the corpora (default: a temp folder)")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="folder for the corpora (default: a temp folder)")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="nmt-bench-"))
     model = train_model(work, args.vocab_size)
@@ -99,14 +103,15 @@ def main() -> None:
         total = 2 * sum(json.loads((raw / "manifest.json").read_text())["splits"][s]["lines"]
                         for s in ("train", "valid", "test"))
         runs = {
-            "bpe encode": run_stage("bpe", "BpeConfig", {"raw": str(raw), "out": str(bpe), "model": str(model),
-                                                         "workers": args.workers}),
+            "bpe encode": run_stage("bpe", "BpeConfig", {"raw": str(raw), "out": str(bpe),
+                                                         "model": str(model), "workers": args.workers}),
             "binarize": run_stage("binarize", "BinarizeConfig", {"bpe": str(bpe), "out": str(out),
                                                                  "workers": args.workers}),
         }
         for name, r in runs.items():
             print(f"| {name} | {n:,} | {total:,} | {r['seconds']:.1f} | {total / r['seconds']:,.0f} | "
-                  f"{r['main_cpu']:.1f} | {r['worker_cpu']:.1f} | {total / (r['main_cpu'] + r['worker_cpu']):,.0f} | "
+                  f"{r['main_cpu']:.1f} | {r['worker_cpu']:.1f} | "
+                  f"{total / (r['main_cpu'] + r['worker_cpu']):,.0f} | "
                   f"{r['main_kib'] / 1024:.0f} | "
                   f"{r['worker_kib'] / 1024:.0f} |", flush=True)
         for folder in (raw, bpe, out):

@@ -44,7 +44,8 @@ def clean_rate(src: Path, tgt: Path, workers: int, pairs: int) -> tuple[float, f
     with clean.Cleaner(opts, workers) as cleaner, open(os.devnull, "w") as sink:
         cleaner.clean("bench", src, tgt, lambda a, b: sink.write(a + b))
     wall, end = time.perf_counter() - start, os.times()
-    cpu_seconds = sum(getattr(end, k) - getattr(cpu, k) for k in ("user", "system", "children_user", "children_system"))
+    fields = ("user", "system", "children_user", "children_system")
+    cpu_seconds = sum(getattr(end, k) - getattr(cpu, k) for k in fields)
     return pairs / wall, cpu_seconds / pairs * 1e6
 
 

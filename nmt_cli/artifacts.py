@@ -49,7 +49,7 @@ def atomic_writer(path: Path, mode: str = "wb") -> Iterator[IO]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -61,13 +61,17 @@ def atomic_write_text(path: Path, text: str) -> None:
         f.write(text)
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """Make a rename or a new file in `folder` survive a power cut (the folder's entry is on disk)."""
     with contextlib.suppress(OSError):  # not every filesystem lets a folder be fsynced
         fd = os.open(folder, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+_fsync_dir = fsync_dir  # removed after the training refactor merges
 
 
 def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
@@ -194,7 +198,8 @@ def read_manifest(folder: Path, stage: str, command: str) -> dict[str, Any]:
         raise NmtError(f"{path} is corrupt ({e}); run `{command}` again") from None
     if not isinstance(manifest, dict) or manifest.get("stage") != stage:
         found = manifest.get("stage") if isinstance(manifest, dict) else None
-        raise NmtError(f"{folder} was written by `nmt {found}`, not `nmt {stage}`; pass the output of `{command}`")
+        raise NmtError(f"{folder} was written by `nmt {found}`, not `nmt {stage}`; "
+                       f"pass the output of `{command}`")
     for name, record in _output_records(manifest, path, command).items():
         file = folder / name
         if not file.is_file():
@@ -232,8 +237,8 @@ def manifest_languages(manifest: dict[str, Any], folder: Path) -> tuple[str, str
     if not (isinstance(src, str) and isinstance(tgt, str) and _CODE.fullmatch(src) and _CODE.fullmatch(tgt)
             and src != tgt):
         raise NmtError(f"{folder / MANIFEST} must name two different languages in src_lang and tgt_lang, "
-                       f"as letters, digits, '_' or '-' (found {src!r}, {tgt!r}); write the folder again with "
-                       f"`nmt {manifest.get('stage')}`")
+                       f"as letters, digits, '_' or '-' (found {src!r}, {tgt!r}); write the folder again "
+                       f"with `nmt {manifest.get('stage')}`")
     return src, tgt
 
 
@@ -275,7 +280,8 @@ def check_output_file(path: Path, option: str) -> None:
 def check_distinct_folders(out: Path, source: Path) -> None:
     """Refuse --out equal to the folder being read: the stage would delete that folder's manifest."""
     if Path(out).resolve() == Path(source).resolve():
-        raise NmtError(f"--out {out} is the input folder; choose another folder (the input would be overwritten)")
+        raise NmtError(f"--out {out} is the input folder; choose another folder "
+                       "(the input would be overwritten)")
 
 
 # Config fields that change how a stage runs, not what it writes.
@@ -295,12 +301,15 @@ def is_done(out: Path, stage: str, cfg: Any) -> bool:
     except NmtError:
         return False
     def comparable(config: Any) -> Any:
-        return {k: v for k, v in config.items() if k not in _RUN_ONLY_FIELDS} if isinstance(config, dict) else config
+        if not isinstance(config, dict):
+            return config
+        return {k: v for k, v in config.items() if k not in _RUN_ONLY_FIELDS}
     if comparable(manifest.get("config")) != comparable(json.loads(json.dumps(to_dict(cfg)))):
         return False
     for record in manifest.get("inputs", {}).values():
         upstream = (Path(str(record.get("folder"))) / MANIFEST
                     if isinstance(record, dict) and "manifest_sha256" in record else None)
-        if upstream is not None and (not upstream.is_file() or sha256_file(upstream) != record["manifest_sha256"]):
+        if upstream is not None and (not upstream.is_file()
+                                     or sha256_file(upstream) != record["manifest_sha256"]):
             return False
     return True

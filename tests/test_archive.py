@@ -15,9 +15,9 @@ from nmt_cli.errors import NmtError
 
 HOSTILE_NAMES = {"absolute": "/tmp/nmt-evil-absolute", "dotdot": "training/../../escaped.txt",
                  "backslash": "training\\..\\..\\escaped.txt", "drive": "C:/nmt-evil.txt",
-                 "pax-dotdot": "training/harmless.txt", "symlink": "training/link", "symlink-absolute": "training/abs",
-                 "hardlink": "training/hard", "hardlink-inside": "training/twin", "device": "training/dev",
-                 "fifo": "training/fifo"}
+                 "pax-dotdot": "training/harmless.txt", "symlink": "training/link",
+                 "symlink-absolute": "training/abs", "hardlink": "training/hard",
+                 "hardlink-inside": "training/twin", "device": "training/dev", "fifo": "training/fifo"}
 
 
 def hostile_tar(path: Path, kind: str) -> Path:
@@ -29,9 +29,11 @@ def hostile_tar(path: Path, kind: str) -> Path:
         evil = tarfile.TarInfo(HOSTILE_NAMES[kind])
         match kind:
             case "symlink" | "symlink-absolute":
-                evil.type, evil.linkname = tarfile.SYMTYPE, "../../outside.txt" if kind == "symlink" else "/etc"
+                evil.type = tarfile.SYMTYPE
+                evil.linkname = "../../outside.txt" if kind == "symlink" else "/etc"
             case "hardlink" | "hardlink-inside":
-                evil.type, evil.linkname = tarfile.LNKTYPE, "/etc/passwd" if kind == "hardlink" else "training/wanted.en"
+                evil.type = tarfile.LNKTYPE
+                evil.linkname = "/etc/passwd" if kind == "hardlink" else "training/wanted.en"
             case "device":
                 evil.type = tarfile.CHRTYPE
             case "fifo":

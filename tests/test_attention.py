@@ -51,21 +51,23 @@ def _inputs(model: Transformer, src: torch.Tensor, prev: torch.Tensor) -> dict[t
         hooks.append(layer.register_forward_pre_hook(lambda m, a, i=i: seen.__setitem__(f"enc{i}", a[0])))
     for i, layer in enumerate(model.decoder):
         hooks.append(layer.register_forward_pre_hook(lambda m, a, i=i: seen.__setitem__(f"dec{i}", a[0])))
-        hooks.append(layer.self_block.register_forward_hook(lambda m, a, out, i=i: seen.__setitem__(f"mid{i}", out)))
+        hooks.append(layer.self_block.register_forward_hook(
+            lambda m, a, out, i=i: seen.__setitem__(f"mid{i}", out)))
     with torch.no_grad():
         model(src, prev)
     for hook in hooks:
         hook.remove()
     keys_real = (src != PAD)[:, None, None, :]
-    found = {("encoder", i): (seen[f"enc{i}"], seen[f"enc{i}"], keys_real, False) for i in range(len(model.encoder))}
+    found = {("encoder", i): (seen[f"enc{i}"], seen[f"enc{i}"], keys_real, False)
+             for i in range(len(model.encoder))}
     for i in range(len(model.decoder)):
         found[("decoder", i)] = (seen[f"dec{i}"], seen[f"dec{i}"], None, True)
         found[("cross", i)] = (seen[f"mid{i}"], seen["memory"], keys_real, False)
     return found
 
 
-def _softmax_rows(attention: torch.nn.Module, x_q: torch.Tensor, x_kv: torch.Tensor, mask: torch.Tensor | None,
-                  causal: bool) -> torch.Tensor:
+def _softmax_rows(attention: torch.nn.Module, x_q: torch.Tensor, x_kv: torch.Tensor,
+                  mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
     """softmax(Q K^T / sqrt(d_k)) from the layer's stacked in_proj weights, head by head: (B, H, T, L)."""
     D, H = x_q.shape[-1], attention.heads
     w, b = attention.in_proj.weight, attention.in_proj.bias
@@ -81,7 +83,9 @@ def _softmax_rows(attention: torch.nn.Module, x_q: torch.Tensor, x_kv: torch.Ten
 
 
 def _layer(model: Transformer, kind: str, i: int) -> torch.nn.Module:
-    return model.encoder[i].self_attn if kind == "encoder" else getattr(model.decoder[i], "self_attn" if kind == "decoder" else "cross_attn")
+    if kind == "encoder":
+        return model.encoder[i].self_attn
+    return model.decoder[i].self_attn if kind == "decoder" else model.decoder[i].cross_attn
 
 
 def test_recorded_weights_are_the_softmax_rows_each_layer_uses() -> None:
@@ -100,7 +104,8 @@ def test_recorded_weights_are_the_softmax_rows_each_layer_uses() -> None:
         assert all(maps[(kind, i)][1, :, :, :3].gt(0).all() for i in range(2))
     for i in range(2):  # decoder position t sees positions <= t only
         future = torch.ones(5, 5, dtype=torch.bool).triu(1)
-        assert maps[("decoder", i)][:, :, future].eq(0).all() and maps[("decoder", i)][:, :, ~future].gt(0).all()
+        weights = maps[("decoder", i)]
+        assert weights[:, :, future].eq(0).all() and weights[:, :, ~future].gt(0).all()
 
 
 def test_recorded_rows_times_values_give_the_layer_output_exactly() -> None:
@@ -170,7 +175,8 @@ def test_json_holds_the_model_weights_for_every_kind(tiny_trained_model: Path, t
         torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]), atol=1e-5, rtol=0)
         if kind == "decoder":
             assert weights.triu(1).eq(0).all(), "a decoder position sees a later one"
-        target = [dictionary.index[s] for s in queries[:-1]] if kind != "encoder" else []  # the encoder ignores it
+        # the encoder ignores the target
+        target = [dictionary.index[s] for s in queries[:-1]] if kind != "encoder" else []
         prev = torch.tensor([[BOS, *target]])
         x_q, x_kv, mask, causal = _inputs(model, src, prev)[(kind, layer - 1)]
         expected = _softmax_rows(_layer(model, kind, layer - 1), x_q, x_kv, mask, causal)[0]
@@ -231,13 +237,15 @@ def test_user_errors(tiny_trained_model: Path, tmp_path: Path) -> None:
         (["--source", " "], ["--source is empty"]),
         (["--kind", "both"], ["kind", "encoder, decoder, cross"]),
         (["--query", "cat"], ["--query", "--style lines"]),
-        (["--style", "lines", "--query", "dog"], ["--query 'dog' is not one of the query tokens: red c ##at sings"]),
+        (["--style", "lines", "--query", "dog"],
+         ["--query 'dog' is not one of the query tokens: red c ##at sings"]),
     ]:
         base = {"--source": SOURCE, "--out": tmp_path / "a.png"}
         for flag, value in zip(args[::2], args[1::2], strict=True):
             base[flag] = value
         proc = nmt("attention", tiny_trained_model, *[x for kv in base.items() for x in kv], check=False)
         assert_user_error(proc, *needles)
-    missing = nmt("attention", tmp_path / "none.pt", "--source", SOURCE, "--out", tmp_path / "a.png", check=False)
+    missing = nmt("attention", tmp_path / "none.pt", "--source", SOURCE, "--out", tmp_path / "a.png",
+                  check=False)
     assert_user_error(missing, "none.pt", "does not exist")
     assert not (tmp_path / "a.png").exists()

@@ -58,7 +58,8 @@ def test_manifest_and_dictionary_layout(multi30k_bpe: Path, multi30k_bin: Path) 
         assert info["sentences"] == bpe_manifest["splits"][split]["lines"]
         for lang in ("en", "de"):
             data = IndexedDataset(multi30k_bin / f"{split}.{lang}")
-            assert info["tokens"][lang] == int(data.sizes.sum()) == bpe_manifest["splits"][split]["pieces"][lang]
+            pieces = bpe_manifest["splits"][split]["pieces"][lang]
+            assert info["tokens"][lang] == int(data.sizes.sum()) == pieces
             assert data.dtype == np.uint16  # 16-bit ids: the vocabulary fits
             unknown = sum(int(np.count_nonzero(ids == UNK)) for ids in data)
             assert info["unk_rate"][lang] == pytest.approx(unknown / info["tokens"][lang])
@@ -76,7 +77,8 @@ def _train_pieces(bpe: Path) -> Counter[str]:
                    if line for piece in line.split(" "))
 
 
-def test_pieces_outside_the_sentencepiece_model_get_their_own_symbols(multi30k_bpe: Path, tmp_path: Path) -> None:
+def test_pieces_outside_the_sentencepiece_model_get_their_own_symbols(multi30k_bpe: Path,
+                                                                      tmp_path: Path) -> None:
     # A model reused on text with characters it never saw writes those characters as pieces of their
     # own (sentencepiece's unknown pieces); they are training pieces like any other.
     text = "Ein Hund läuft ☃ im Schnee.\nZwei ✓ Katzen ☃\n"
@@ -85,9 +87,11 @@ def test_pieces_outside_the_sentencepiece_model_get_their_own_symbols(multi30k_b
     assert "☃" in (tmp_path / "bpe" / "train.en").read_text(encoding="utf-8").split()
     nmt("binarize", tmp_path / "bpe", "--out", tmp_path / "bin")
     dictionary = Dictionary.load(tmp_path / "bin" / "dict.txt")
-    assert _counted(dictionary) == _train_pieces(tmp_path / "bpe") and dictionary.counts[dictionary.index["☃"]] == 4
+    assert _counted(dictionary) == _train_pieces(tmp_path / "bpe")
+    assert dictionary.counts[dictionary.index["☃"]] == 4
     valid = IndexedDataset(tmp_path / "bin" / "valid.de")[0].tolist()
-    assert valid == dictionary.encode(["▁", "✓", "▁", "✗"]) and valid[-1] == UNK  # ✗ is not in the training text
+    # ✗ is not in the training text
+    assert valid == dictionary.encode(["▁", "✓", "▁", "✗"]) and valid[-1] == UNK
 
 
 def test_two_workers_write_the_same_bytes_as_one(multi30k_bpe: Path, tmp_path: Path,
@@ -161,7 +165,8 @@ def test_changed_pieces_file_is_refused(multi30k_bpe: Path, tmp_path: Path) -> N
     with open(copy / "valid.de", "ab") as f:
         f.write(b"\xe2\x96\x81extra\n")
     out = tmp_path / "bin"
-    _assert_refused(nmt("binarize", copy, "--out", out, check=False), out, f"{copy / 'valid.de'} has", "run `nmt bpe")
+    _assert_refused(nmt("binarize", copy, "--out", out, check=False), out, f"{copy / 'valid.de'} has",
+                    "run `nmt bpe")
 
 
 def test_dictionary_with_duplicate_symbols_is_refused(multi30k_bpe: Path, tmp_path: Path) -> None:

@@ -17,7 +17,8 @@ from nmt_cli.stages import BpeConfig
 def test_every_line_becomes_its_sentencepiece_pieces(multi30k_raw: Path, multi30k_bpe: Path) -> None:
     sp = spm.SentencePieceProcessor(model_file=str(multi30k_bpe / "spm.model"))
     assert sp.get_piece_size() == 8000
-    assert (sp.unk_id(), sp.bos_id(), sp.eos_id(), sp.pad_id()) == (0, -1, -1, -1)  # specials are the Dictionary's
+    # the specials are the Dictionary's
+    assert (sp.unk_id(), sp.bos_id(), sp.eos_id(), sp.pad_id()) == (0, -1, -1, -1)
     for split in MULTI30K_SPLITS:
         for lang in ("en", "de"):
             raw = list(read_lines(multi30k_raw / f"{split}.{lang}"))
@@ -25,12 +26,14 @@ def test_every_line_becomes_its_sentencepiece_pieces(multi30k_raw: Path, multi30
             assert pieces == [" ".join(p) for p in sp.encode(raw, out_type=str)], (split, lang)
 
 
-def test_manifest_records_counts_vocabulary_and_input_identity(multi30k_raw: Path, multi30k_bpe: Path) -> None:
+def test_manifest_records_counts_vocabulary_and_input_identity(multi30k_raw: Path,
+                                                               multi30k_bpe: Path) -> None:
     manifest = json.loads((multi30k_bpe / "manifest.json").read_text())
     raw = json.loads((multi30k_raw / "manifest.json").read_text())
     assert manifest["stage"] == "bpe"
     assert (manifest["src_lang"], manifest["tgt_lang"], manifest["vocab_size"]) == ("en", "de", 8000)
-    assert {s: v["lines"] for s, v in manifest["splits"].items()} == {s: v["lines"] for s, v in raw["splits"].items()}
+    lines = {s: v["lines"] for s, v in raw["splits"].items()}
+    assert {s: v["lines"] for s, v in manifest["splits"].items()} == lines
     pieces_in_file = sum(len(line.split(" ")) for line in read_lines(multi30k_bpe / "valid.de") if line)
     assert manifest["splits"]["valid"]["pieces"]["de"] == pieces_in_file
     assert manifest["inputs"]["raw"]["manifest_sha256"] == sha256_file(multi30k_raw / "manifest.json")
@@ -65,7 +68,8 @@ def test_partial_character_coverage_turns_rare_characters_into_bytes(tmp_path: P
     assert sp.decode(sp.piece_to_id(valid)) == "☃ and ✓"
 
 
-def test_reusing_a_model_gives_the_same_pieces(multi30k_raw: Path, multi30k_bpe: Path, tmp_path: Path) -> None:
+def test_reusing_a_model_gives_the_same_pieces(multi30k_raw: Path, multi30k_bpe: Path,
+                                               tmp_path: Path) -> None:
     out = tmp_path / "bpe"
     nmt("bpe", multi30k_raw, "--out", out, "--model", multi30k_bpe / "spm.model", "--workers", 1)
     for name in ("spm.model", "spm.vocab", "train.en", "test.de"):
@@ -85,7 +89,8 @@ def test_two_workers_write_the_same_bytes_as_one(multi30k_raw: Path, tmp_path: P
     _run_bpe(multi30k_raw, tmp_path / "two", vocab_size=2000, workers=2)
     for split in MULTI30K_SPLITS:
         for lang in ("en", "de"):
-            assert (tmp_path / "one" / f"{split}.{lang}").read_bytes() == (tmp_path / "two" / f"{split}.{lang}").read_bytes()
+            name = f"{split}.{lang}"
+            assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
     assert (tmp_path / "one" / "spm.model").read_bytes() == (tmp_path / "two" / "spm.model").read_bytes()
 
 
@@ -136,7 +141,8 @@ def test_vocabulary_larger_than_the_text_allows_is_refused_with_the_fix(tmp_path
     raw = make_prepare_folder(tmp_path / "raw", {"train": (text, text), "valid": ("cat\n", "dog\n")})
     out = tmp_path / "bpe"
     proc = nmt("bpe", raw, "--out", out, "--vocab-size", 8000, check=False)
-    _assert_refused(proc, out, "--vocab-size 8000 is larger than the training text allows", "pass --vocab-size")
+    _assert_refused(proc, out, "--vocab-size 8000 is larger than the training text allows",
+                    "pass --vocab-size")
     allowed = int(proc.stderr.split("pass --vocab-size ")[1].split()[0])
     nmt("bpe", raw, "--out", out, "--vocab-size", allowed)  # the suggested fix works
     assert (out / "manifest.json").exists()

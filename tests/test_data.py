@@ -32,7 +32,8 @@ def _write(prefix: Path, sentences: list[list[int]], dtype: np.dtype) -> None:
 @pytest.mark.parametrize("vocab_size", [65536, 65537])
 def test_written_sentences_read_back(tmp_path: Path, vocab_size: int) -> None:
     rng = np.random.default_rng(0)
-    sentences = [rng.integers(0, vocab_size, rng.integers(0, 12)).tolist() for _ in range(50)] + [[], [vocab_size - 1]]
+    sentences = [rng.integers(0, vocab_size, rng.integers(0, 12)).tolist() for _ in range(50)]
+    sentences += [[], [vocab_size - 1]]
     dtype = token_dtype(vocab_size)
     _write(tmp_path / "train.en", sentences, dtype)
     data = IndexedDataset(tmp_path / "train.en")

@@ -23,6 +23,7 @@ from nmt_cli.errors import NmtError
 CONTENT = os.urandom(300_000)  # a few read chunks' worth, incompressible
 PATH = "/wmt14/file.tgz"
 FAST = Retries(attempts=4, timeout_seconds=5, wait_seconds=0.01)
+SHORT_TIMEOUT = Retries(attempts=2, timeout_seconds=0.2, wait_seconds=0.01)  # a stall fails at once
 
 
 def remote(url: str, **known: object) -> Remote:
@@ -60,7 +61,7 @@ def test_server_errors_and_dropped_connections_are_retried(site: FakeStatmt, tmp
 
 def test_a_stalled_server_times_out_and_is_tried_again(site: FakeStatmt, tmp_path: Path) -> None:
     site.fail(PATH, "stall")
-    path, _ = download(remote(site.url), tmp_path, Retries(attempts=2, timeout_seconds=0.2, wait_seconds=0.01))
+    path, _ = download(remote(site.url), tmp_path, SHORT_TIMEOUT)
     assert path.read_bytes() == CONTENT
     assert len(site.requests_for(PATH)) == 2
 
@@ -94,7 +95,8 @@ def test_a_wrong_file_is_rejected_by_checksum_and_deleted(site: FakeStatmt, tmp_
     assert path.read_bytes() == CONTENT
 
 
-def test_a_size_that_differs_from_the_published_one_is_refused_before_downloading(site: FakeStatmt, tmp_path: Path) -> None:
+def test_a_size_that_differs_from_the_published_one_is_refused_before_downloading(
+        site: FakeStatmt, tmp_path: Path) -> None:
     with pytest.raises(NmtError, match=f"offers {len(CONTENT)} bytes but file.tgz has 12345"):
         download(remote(site.url, bytes=12345), tmp_path, FAST)
     assert not (tmp_path / "file.tgz").exists()
@@ -114,7 +116,8 @@ def test_a_finished_download_is_reused_and_reverified(site: FakeStatmt, tmp_path
         download(remote(site.url, md5="0" * 32), tmp_path, FAST)
 
 
-def test_a_complete_part_left_by_a_crash_is_finished_without_downloading_again(site: FakeStatmt, tmp_path: Path) -> None:
+def test_a_complete_part_left_by_a_crash_is_finished_without_downloading_again(
+        site: FakeStatmt, tmp_path: Path) -> None:
     (tmp_path / "file.tgz.part").write_bytes(CONTENT)
     path, _ = download(remote(site.url), tmp_path, FAST)  # the server answers 416 to the range request
     assert path.read_bytes() == CONTENT
@@ -128,7 +131,8 @@ def test_from_folder_names_every_missing_file_and_its_url(tmp_path: Path) -> Non
     with pytest.raises(NmtError, match=r"lacks 2 file\(s\): b.tgz \(http://statmt.org/wmt14/b.tgz\); c.tar"):
         from_folder(remotes, tmp_path)
     [(path, record)] = from_folder(remotes[:1], tmp_path)
-    assert record["sha256"] == hashlib.sha256(b"x").hexdigest() and record["verified"].startswith("no published")
+    assert record["sha256"] == hashlib.sha256(b"x").hexdigest()
+    assert record["verified"].startswith("no published")
     with pytest.raises(NmtError, match="replace it with a fresh copy from http://statmt.org/a.tgz"):
         from_folder([Remote("a.tgz", "http://statmt.org/a.tgz", bytes=2, origin="x")], tmp_path)
 
@@ -148,7 +152,8 @@ def test_checksums_file_adds_and_replaces_entries(tmp_path: Path) -> None:
     assert table == {"file.tgz": ("sha256", "a" * 64), "other.tgz": ("md5", "b" * 32)}
     built_in = Remote("file.tgz", "http://x/file.tgz", bytes=5, md5="c" * 32, origin="built in")
     replaced = with_checksums(built_in, table, str(sums))
-    assert (replaced.sha256, replaced.md5, replaced.bytes, replaced.origin) == ("a" * 64, None, None, str(sums))
+    replacement = (replaced.sha256, replaced.md5, replaced.bytes, replaced.origin)
+    assert replacement == ("a" * 64, None, None, str(sums))
     assert with_checksums(Remote("x.tgz", "u"), table, "f") == Remote("x.tgz", "u")
     sums.write_text("not-a-checksum  file.tgz\n")
     with pytest.raises(NmtError, match="SUMS, line 1: expected"):
@@ -159,9 +164,10 @@ def test_checksums_file_adds_and_replaces_entries(tmp_path: Path) -> None:
 # More faults: stalls inside the body, redirects, odd range answers, bodies of unknown length
 
 
-def test_a_server_that_stalls_inside_the_file_times_out_and_the_rest_is_resumed(site: FakeStatmt, tmp_path: Path) -> None:
+def test_a_server_that_stalls_inside_the_file_times_out_and_the_rest_is_resumed(
+        site: FakeStatmt, tmp_path: Path) -> None:
     site.fail(PATH, "stall-body")
-    path, _ = download(remote(site.url), tmp_path, Retries(attempts=2, timeout_seconds=0.2, wait_seconds=0.01))
+    path, _ = download(remote(site.url), tmp_path, SHORT_TIMEOUT)
     assert path.read_bytes() == CONTENT
     assert site.requests_for(PATH) == [None, f"bytes={len(CONTENT) // 2}-"]
 
@@ -220,11 +226,13 @@ def test_a_body_of_unknown_length_is_never_taken_as_complete(site: FakeStatmt, t
     (["cut"], {"bytes": len(CONTENT) + 1}, 4, "offers"),
 ])
 def test_no_failed_download_leaves_a_file_that_a_later_from_run_accepts(
-        site: FakeStatmt, tmp_path: Path, faults: list[str], known: dict, attempts: int, message: str) -> None:
+        site: FakeStatmt, tmp_path: Path, faults: list[str], known: dict, attempts: int,
+        message: str) -> None:
     site.fail(PATH, *faults)
     downloads = tmp_path / "downloads"
     with pytest.raises(NmtError, match=message) as error:
-        download(remote(site.url, **known), downloads, Retries(attempts, timeout_seconds=0.2, wait_seconds=0.01))
+        download(remote(site.url, **known), downloads,
+                 Retries(attempts, timeout_seconds=0.2, wait_seconds=0.01))
     assert "file.tgz" in str(error.value)
     assert not (downloads / "file.tgz").exists()  # only a .part, whose name no run takes for an archive
     with pytest.raises(NmtError, match="lacks 1 file"):

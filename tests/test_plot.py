@@ -15,9 +15,10 @@ from nmt_cli.errors import NmtError
 from nmt_cli.evaluation.plot import read_log, run_labels
 from synthetic_binarized import build
 
-TINY = ["--arch", "transformer_tiny", "--precision", "fp32", "--max-tokens", "256", "--save-interval-minutes", "0",
-        "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set", "model.heads=2", "--set", "threads=1",
-        "--set", "log_interval=1", "--max-update", "6", "--save-interval-updates", "3"]
+TINY = ["--arch", "transformer_tiny", "--precision", "fp32", "--max-tokens", "256",
+        "--save-interval-minutes", "0", "--set", "model.d_model=32", "--set", "model.d_ff=64",
+        "--set", "model.heads=2", "--set", "threads=1", "--set", "log_interval=1", "--max-update", "6",
+        "--save-interval-updates", "3"]
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,8 @@ def test_plot_refuses_empty_and_malformed_logs_and_tolerates_a_torn_last_line(
     broken = tmp_path / "broken"
     broken.mkdir()
     lines = good.splitlines()
-    (broken / "train.jsonl").write_text("\n".join([lines[0], "{not json", *lines[1:]]) + "\n", encoding="utf-8")
+    (broken / "train.jsonl").write_text("\n".join([lines[0], "{not json", *lines[1:]]) + "\n",
+                                        encoding="utf-8")
     assert_user_error(nmt("plot", base, broken, "--out", tmp_path / "a.png", check=False),
                       "broken/train.jsonl, line 2: not a JSON record")
     assert not (tmp_path / "a.png").exists()
@@ -85,19 +87,22 @@ def test_read_log_rules(tmp_path: Path) -> None:
     path = tmp_path / "train.jsonl"
     warnings: list[str] = []
     train = {"kind": "train", "update": 1, "loss": 9.0, "ppl": 500.0, "lr": 1e-4}
-    path.write_text(json.dumps(train) + "\n" + json.dumps({"kind": "note", "text": "x"}) + "\n"
-                    + json.dumps({"kind": "valid", "update": 1, "loss": 8.0, "bleu": None}) + "\n", encoding="utf-8")
+    valid = {"kind": "valid", "update": 1, "loss": 8.0, "bleu": None}
+    records = [train, {"kind": "note", "text": "x"}, valid]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     assert [r["kind"] for r in read_log(path, warnings.append)] == ["train", "valid"]  # other kinds ignored
     assert warnings == []
     for bad, message in [("[1, 2]", "line 1: expected a JSON object"),
                          ('{"kind": "train", "loss": 1.0}', "line 1: a train record without its 'update'"),
-                         ('{"kind": "train", "update": 1, "loss": "high"}', "line 1: field 'loss' must be a number"),
+                         ('{"kind": "train", "update": 1, "loss": "high"}',
+                          "line 1: field 'loss' must be a number"),
                          ("\n", "line 1: not a JSON record")]:
         path.write_text(bad + "\n", encoding="utf-8")
         with pytest.raises(NmtError, match=message):
             read_log(path, warnings.append)
     path.write_text(json.dumps(train) + "\n" + '{"kind": "tra', encoding="utf-8")
-    assert len(read_log(path, warnings.append)) == 1 and "line 2: skipped a last line cut short" in warnings[0]
+    assert len(read_log(path, warnings.append)) == 1
+    assert "line 2: skipped a last line cut short" in warnings[0]
 
 
 def test_run_labels_are_folder_names_made_distinct() -> None:

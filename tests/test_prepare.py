@@ -43,7 +43,8 @@ def cli_args(dataset: str, out: Path, site: FakeStatmt, sums: Path, *extra: obje
 
 
 def config(dataset: str, out: Path, **fields: object) -> PrepareConfig:
-    return dataclasses.replace(PrepareConfig(dataset=dataset, out=out), workers=1, retry_wait_seconds=0.01, **fields)
+    return dataclasses.replace(PrepareConfig(dataset=dataset, out=out), workers=1, retry_wait_seconds=0.01,
+                               **fields)
 
 
 def check_contract(out: Path, src: str, tgt: str, splits: tuple[str, ...]) -> dict:
@@ -82,7 +83,8 @@ def test_wmt14_en_de_end_to_end_with_interrupted_and_failing_downloads(
     test_dir = shared_data / "wmt14-newstest2014/en-de"
     for lang in ("en", "de"):  # the full newstest2014 from SGML equals sacreBLEU's text
         assert (out / f"test.{lang}").read_bytes() == (test_dir / f"newstest2014.{lang}").read_bytes()
-        assert (out / f"valid.{lang}").read_bytes() == (shared_data / f"wmt13-newstest2013/en-de/newstest2013.{lang}").read_bytes()
+        published = shared_data / f"wmt13-newstest2013/en-de/newstest2013.{lang}"
+        assert (out / f"valid.{lang}").read_bytes() == published.read_bytes()
     for path, archive in archives.items():
         name = Path(path).name
         if name in manifest["inputs"]:
@@ -133,12 +135,14 @@ def test_from_folder_works_without_a_network_in_both_directions(
     sums = checksums_file(archives, tmp_path / "SHA256SUMS")
     forward, backward = tmp_path / "en-de", tmp_path / "de-en"
     prepare.run(config("wmt14-en-de", forward, from_dir=folder, checksums=sums))
-    prepare.run(config("wmt14-en-de", backward, from_dir=folder, checksums=sums, src_lang="de", tgt_lang="en"))
+    prepare.run(config("wmt14-en-de", backward, from_dir=folder, checksums=sums,
+                       src_lang="de", tgt_lang="en"))
     check_contract(backward, "de", "en", ("train", "valid", "test"))
     for split in ("train", "valid", "test"):  # the same pairs, each side under its own language
         for lang in ("en", "de"):
             assert (forward / f"{split}.{lang}").read_bytes() == (backward / f"{split}.{lang}").read_bytes()
-    assert (backward / "test.de").read_bytes() == (shared_data / "wmt14-newstest2014/en-de/newstest2014.de").read_bytes()
+    published = shared_data / "wmt14-newstest2014/en-de/newstest2014.de"
+    assert (backward / "test.de").read_bytes() == published.read_bytes()
     assert not list((backward / "downloads").glob("*.tgz"))  # taken from --from, not copied
 
     (folder / "training-parallel-nc-v9.tgz").unlink()
@@ -165,7 +169,8 @@ def test_wmt14_en_fr_reads_the_un_and_giga_fren_archives(
     assert read_lines(out / "train.en").count("Same pair .") == 1
     assert len(manifest["inputs"]) == 7
     for lang in ("en", "fr"):
-        assert (out / f"test.{lang}").read_bytes() == (shared_data / f"wmt14-newstest2014/en-fr/newstest2014.{lang}").read_bytes()
+        published = shared_data / f"wmt14-newstest2014/en-fr/newstest2014.{lang}"
+        assert (out / f"test.{lang}").read_bytes() == published.read_bytes()
 
 
 def test_wmt_language_pairs_are_checked(tmp_path: Path) -> None:
@@ -188,7 +193,8 @@ def test_sgml_reading_equals_sacrebleus_plain_text(shared_data: Path) -> None:
         lang = path.suffixes[-2].lstrip(".")
         pair = "en-de" if "-deen-" in path.name else "en-fr"
         segments = [text for text, _ in sgml_segments(path, "strict")]
-        assert segments == read_lines(shared_data / f"wmt14-newstest2014/{pair}/newstest2014.{lang}"), path.name
+        published = shared_data / f"wmt14-newstest2014/{pair}/newstest2014.{lang}"
+        assert segments == read_lines(published), path.name
 
 
 def test_segment_cleaning_decodes_entities_and_collapses_whitespace() -> None:
@@ -201,7 +207,8 @@ def test_fast_normalisation_equals_sacremoses(shared_data: Path) -> None:
                        (shared_data / "multi30k/en-de/train.en", "en")]:
         moses = MosesPunctNormalizer(lang=lang)
         lines = read_lines(path)[:3000] + ["„Zitat“ – (test) ,\"x\" 1\u00a0000 «\u00a0oui\u00a0» ``a''"]
-        assert [normalize_punctuation(line, lang) for line in lines] == [moses.normalize(line) for line in lines]
+        ours = [normalize_punctuation(line, lang) for line in lines]
+        assert ours == [moses.normalize(line) for line in lines]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,8 +220,8 @@ def reference_cleaning(en: list[str], de: list[str], max_words: int, max_ratio: 
     moses = {"en": MosesPunctNormalizer(lang="en"), "de": MosesPunctNormalizer(lang="de")}
 
     def printable(text: str) -> str:
-        kept = "".join("" if unicodedata.category(c) == "Cf" else " " if unicodedata.category(c)[0] == "C" else c
-                       for c in text)
+        kept = "".join("" if unicodedata.category(c) == "Cf" else " " if unicodedata.category(c)[0] == "C"
+                       else c for c in text)
         return " ".join(part for part in kept.split(" ") if part) if kept != text else text
 
     removed = {"drop_empty": 0, "max_words": 0, "max_ratio": 0, "dedup": 0}
@@ -258,7 +265,8 @@ def test_cleaning_counts_match_an_independent_count(shared_data: Path, tmp_path:
 def test_worker_processes_keep_the_order_and_the_counts(shared_data: Path, tmp_path: Path) -> None:
     sample = shared_data / "wmt-train-sample-10k/train"
     for lang in ("en", "de"):
-        (tmp_path / f"part.{lang}").write_text("".join(f"{x}\n" for x in read_lines(Path(f"{sample}.{lang}"))[:2500]))
+        lines = read_lines(Path(f"{sample}.{lang}"))[:2500]
+        (tmp_path / f"part.{lang}").write_text("".join(f"{x}\n" for x in lines))
     results = []
     for workers in (1, 2):  # 50 chunks of 50 pairs, several in flight at once
         written: list[tuple[str, str]] = []
@@ -280,7 +288,8 @@ def test_local_multi30k_keeps_every_line(shared_data: Path, tmp_path: Path) -> N
     assert [manifest["splits"][s]["lines"] for s in ("train", "valid", "test")] == [29000, 1014, 1000]
     for lang in ("en", "de"):  # valid and test stay byte for byte as given
         assert (out / f"test.{lang}").read_bytes() == (d / f"test_2016_flickr.{lang}").read_bytes()
-    assert manifest["inputs"][str(d / "train.de")]["sha256"] == hashlib.sha256((d / "train.de").read_bytes()).hexdigest()
+    digest = hashlib.sha256((d / "train.de").read_bytes()).hexdigest()
+    assert manifest["inputs"][str(d / "train.de")]["sha256"] == digest
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,14 +303,16 @@ def write_pair(prefix: Path, en: bytes, de: bytes) -> str:
     return str(prefix)
 
 
-GOOD_EN, GOOD_DE = b"a house .\nthe cat sleeps .\none more line\n", b"ein Haus .\ndie Katze schl\xc3\xa4ft .\nnoch eine Zeile\n"
+GOOD_EN = b"a house .\nthe cat sleeps .\none more line\n"
+GOOD_DE = b"ein Haus .\ndie Katze schl\xc3\xa4ft .\nnoch eine Zeile\n"
 
 
 @pytest.mark.parametrize("split, en, de, needles", [
     ("train", GOOD_EN, GOOD_DE + b"extra\n", ["train.en has 3 lines", "train.de has 4"]),
     ("train", GOOD_EN, None, ["train.de", "not found"]),
     ("train", b"", b"", ["train.en", "empty"]),
-    ("train", GOOD_EN, b"ein Haus .\nKatze sch\xe4ft .\nnoch\n", ["train.de, line 2: invalid UTF-8", "iconv"]),
+    ("train", GOOD_EN, b"ein Haus .\nKatze sch\xe4ft .\nnoch\n",
+     ["train.de, line 2: invalid UTF-8", "iconv"]),
     ("valid", b"a\x00b\nc\n", b"x\ny\n", ["valid.en, line 1", "NUL byte"]),
 ])
 def test_bad_local_input_is_a_clear_error_and_leaves_no_manifest(
@@ -313,8 +324,8 @@ def test_bad_local_input_is_a_clear_error_and_leaves_no_manifest(
     write_pair(data / split, en, de or b"")
     if de is None:
         Path(f"{data / split}.de").unlink()
-    proc = nmt("prepare", "local", "--out", out, "--src-lang", "en", "--tgt-lang", "de", "--train", prefixes["train"],
-               "--valid", prefixes["valid"], "--workers", 1, check=False)
+    proc = nmt("prepare", "local", "--out", out, "--src-lang", "en", "--tgt-lang", "de",
+               "--train", prefixes["train"], "--valid", prefixes["valid"], "--workers", 1, check=False)
     assert_user_error(proc, *needles)
     assert not (out / "manifest.json").exists()
     assert not list(out.glob(".*.tmp"))
@@ -323,7 +334,8 @@ def test_bad_local_input_is_a_clear_error_and_leaves_no_manifest(
 def test_crlf_endings_and_stray_characters_keep_the_line_count(tmp_path: Path) -> None:
     data, out = tmp_path / "data", tmp_path / "raw"
     train = write_pair(data / "train", GOOD_EN.replace(b"\n", b"\r\n"), GOOD_DE.replace(b"\n", b"\r\n"))
-    valid = write_pair(data / "valid", b"left\rright\nnext\xe2\x80\xa8line\n", b"eins\nzwei")  # lone CR, U+2028, no final LF
+    # a lone CR, a U+2028 and no final LF
+    valid = write_pair(data / "valid", b"left\rright\nnext\xe2\x80\xa8line\n", b"eins\nzwei")
     proc = nmt("prepare", "local", "--out", out, "--src-lang", "en", "--tgt-lang", "de", "--train", train,
                "--valid", valid, "--workers", 1)
     assert proc.returncode == 0
@@ -357,7 +369,8 @@ def test_local_options_are_checked(tmp_path: Path) -> None:
         prepare.run(config("local", tmp_path, src_lang="en", tgt_lang="de", train="x", valid="y", mirror="http://m"))
 
 
-def test_a_finished_preparation_is_not_redone_until_its_input_changes(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_a_finished_preparation_is_not_redone_until_its_input_changes(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     data, out = tmp_path / "data", tmp_path / "raw"
     prefixes = {s: write_pair(data / s, GOOD_EN, GOOD_DE) for s in ("train", "valid")}
     cfg = config("local", out, src_lang="en", tgt_lang="de", **prefixes)
@@ -378,10 +391,11 @@ def test_toy_dataset_in_both_directions(tmp_path: Path) -> None:
     manifest = check_contract(tmp_path / "a", toy.SRC_LANG, toy.TGT_LANG, ("train", "valid"))
     assert manifest["splits"]["train"]["lines"] == 50
     expected = list(toy.pairs("train", 50, 1))
-    written = zip(read_lines(tmp_path / f"a/train.{toy.SRC_LANG}"), read_lines(tmp_path / f"a/train.{toy.TGT_LANG}"),
-                  strict=True)
+    written = zip(read_lines(tmp_path / f"a/train.{toy.SRC_LANG}"),
+                  read_lines(tmp_path / f"a/train.{toy.TGT_LANG}"), strict=True)
     assert list(written) == expected
     prepare.run(config("toy", tmp_path / "b", toy_train=50, toy_valid=5, toy_test=5,
                        src_lang=toy.TGT_LANG, tgt_lang=toy.SRC_LANG))
     check_contract(tmp_path / "b", toy.TGT_LANG, toy.SRC_LANG, ("train", "valid", "test"))
-    assert (tmp_path / f"b/train.{toy.TGT_LANG}").read_bytes() == (tmp_path / f"a/train.{toy.TGT_LANG}").read_bytes()
+    toylang = f"train.{toy.TGT_LANG}"
+    assert (tmp_path / "b" / toylang).read_bytes() == (tmp_path / "a" / toylang).read_bytes()

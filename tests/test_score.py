@@ -46,7 +46,8 @@ def test_scores_equal_sacrebleu_command_line(shared_data: Path, tmp_path: Path) 
                                "-m", "bleu", "chrf", "-w", "4"], capture_output=True, text=True, check=True)
     bleu, chrf = json.loads(official.stdout)
     out_json = tmp_path / "scores.json"
-    printed = nmt("score", "--hyp", hyp_file, "--ref", ref_file, "--langpair", "en-de", "--json", out_json).stdout
+    printed = nmt("score", "--hyp", hyp_file, "--ref", ref_file, "--langpair", "en-de",
+                  "--json", out_json).stdout
     ours = json.loads(out_json.read_text(encoding="utf-8"))
     assert ours["sacrebleu"]["score"] == pytest.approx(bleu["score"], abs=1e-4)
     assert ours["sacrebleu"]["signature"] == bleu["signature"]
@@ -58,7 +59,8 @@ def test_scores_equal_sacrebleu_command_line(shared_data: Path, tmp_path: Path) 
 
 
 def test_reference_against_itself_scores_100(shared_data: Path) -> None:
-    refs = (shared_data / "wmt14-newstest2014" / "en-de" / "newstest2014.de").read_text(encoding="utf-8").splitlines()[:300]
+    newstest = shared_data / "wmt14-newstest2014" / "en-de" / "newstest2014.de"
+    refs = newstest.read_text(encoding="utf-8").splitlines()[:300]
     scores = compute_scores(refs, refs, "de", "13a")
     for name in ("sacrebleu", "chrf", "tokenized_bleu"):
         assert scores[name]["score"] == pytest.approx(100.0), name
@@ -92,7 +94,8 @@ def test_line_count_mismatch_and_missing_reference(tmp_path: Path) -> None:
 
 
 def test_offline_test_set_download_fails_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With no sacreBLEU cache and no network, --test-set names the fix (--ref) instead of hanging or crashing."""
+    """With no sacreBLEU cache and no network, --test-set names the fix (--ref) instead of hanging
+    or crashing."""
     import sacrebleu.dataset.base
     import sacrebleu.utils
 

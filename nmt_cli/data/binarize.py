@@ -2,7 +2,7 @@
 
 Reads a folder written by `nmt bpe` and writes ``dict.txt`` (pad/bos/eos/unk with ids 0..3, then the
 pieces of both languages' training text by descending count), ``{split}.{lang}.bin/.idx`` (see
-`data.py`) and a copy of ``spm.model``, so `nmt train` and `nmt translate` need only this folder.
+`dataset.py`) and a copy of ``spm.model``, so `nmt train` and `nmt translate` need only this folder.
 The share of pieces that became ``<unk>`` is reported per split and language.
 
 Work is streamed in blocks through worker processes (`streaming.py`); memory holds the dictionary
@@ -37,8 +37,9 @@ from nmt_cli.artifacts import (
 )
 from nmt_cli.data.bpe import sentencepiece_processor
 from nmt_cli.data.dataset import UNK, Dictionary, IndexedWriter, read_sequential, token_dtype
-from nmt_cli.data.streaming import Block, LineProgress, WorkerPool, line_blocks, worker_count
+from nmt_cli.data.streaming import Block, WorkerPool, line_blocks, line_progress, worker_count
 from nmt_cli.errors import NmtError
+from nmt_cli.progress import ProgressReport
 from nmt_cli.stages import BinarizeConfig
 
 BPE_COMMAND = "nmt bpe RAW --out BPE"
@@ -50,18 +51,21 @@ def run(cfg: BinarizeConfig) -> None:
     src, tgt, lines = read_text_input(cfg.bpe, "bpe", BPE_COMMAND, cfg.out)
     if not (cfg.bpe / "spm.model").is_file():
         raise NmtError(f"{cfg.bpe}/spm.model is missing; run `{BPE_COMMAND}` again")
-    sentencepiece_processor((cfg.bpe / "spm.model").read_bytes(), f"{cfg.bpe}/spm.model", f"run `{BPE_COMMAND}` again")
+    sentencepiece_processor((cfg.bpe / "spm.model").read_bytes(), f"{cfg.bpe}/spm.model",
+                            f"run `{BPE_COMMAND}` again")
     worker_count(cfg.workers)  # refuse a bad value before the output folder is touched
     dictionary = Dictionary.load(cfg.dictionary) if cfg.dictionary is not None else None
     with StageOutput(cfg.out, "binarize", cfg) as stage, WorkerPool(cfg.workers) as pool:
-        stage.inputs["bpe"] = {"folder": str(cfg.bpe.resolve()), "manifest_sha256": sha256_file(cfg.bpe / "manifest.json")}
+        stage.inputs["bpe"] = {"folder": str(cfg.bpe.resolve()),
+                               "manifest_sha256": sha256_file(cfg.bpe / "manifest.json")}
         with atomic_writer(cfg.out / "spm.model") as f:
             f.write((cfg.bpe / "spm.model").read_bytes())
         splits: dict[str, dict[str, Any]] = {}
         if dictionary is None:
             dictionary, splits["train"] = _binarize_training_text(pool, cfg, (src, tgt), lines["train"])
         else:
-            stage.inputs["dictionary"] = {"path": str(cfg.dictionary.resolve()), "sha256": sha256_file(cfg.dictionary)}
+            stage.inputs["dictionary"] = {"path": str(cfg.dictionary.resolve()),
+                                          "sha256": sha256_file(cfg.dictionary)}
             dictionary.save(cfg.out / "dict.txt")
         rest = {split: n for split, n in lines.items() if split not in splits}
         splits.update(_binarize_with_dictionary(pool, cfg, (src, tgt), rest, len(dictionary)))
@@ -95,7 +99,10 @@ def _piece_table(path: str) -> dict[bytes, int]:
     stat = os.stat(path)
     key = (path, stat.st_mtime_ns, stat.st_size)
     if key not in _TABLES:
-        symbols = _model_symbols(Path(path)) if path.endswith(".model") else Dictionary.load(Path(path)).symbols
+        if path.endswith(".model"):
+            symbols = _model_symbols(Path(path))
+        else:
+            symbols = Dictionary.load(Path(path)).symbols
         table = {symbol.encode(): i for i, symbol in enumerate(symbols)}
         table.update({b"": _EMPTY, b"\n": _LINE_END})  # no symbol is empty or holds a line break
         _TABLES.clear()
@@ -129,7 +136,7 @@ def _block_ids(task: tuple[str, Block]) -> tuple[np.ndarray, np.ndarray, list[by
 
 
 def _write_file(pool: WorkerPool, source: Path, prefix: Path, table_path: Path, dtype: np.dtype,
-                expected_lines: int, progress: LineProgress,
+                expected_lines: int, progress: ProgressReport,
                 resolve: Callable[[np.ndarray, list[bytes]], np.ndarray]) -> int:
     """Write the pieces of `source` as PREFIX.bin/.idx; `resolve(ids, others)` replaces the
     _OTHER ids of each block. Returns the number of tokens."""
@@ -141,7 +148,8 @@ def _write_file(pool: WorkerPool, source: Path, prefix: Path, table_path: Path, 
             progress.advance(len(lengths))
         if writer.count != expected_lines:
             raise NmtError(f"{source} has {writer.count} lines but {source.parent}/manifest.json records "
-                           f"{expected_lines}: it changed after `nmt bpe` wrote it; run `{BPE_COMMAND}` again")
+                           f"{expected_lines}: it changed after `nmt bpe` wrote it; "
+                           f"run `{BPE_COMMAND}` again")
     except BaseException:
         writer.abort()
         raise
@@ -154,7 +162,7 @@ def _binarize_with_dictionary(pool: WorkerPool, cfg: BinarizeConfig, langs: tupl
     """Write OUT/{split}.{lang}.bin/.idx with the ids of OUT/dict.txt; the manifest's split entries."""
     dtype = token_dtype(dict_size)
     splits: dict[str, dict[str, Any]] = {}
-    with LineProgress("binarize", "write ids", 2 * sum(lines.values())) as progress:
+    with line_progress("binarize", "write ids", 2 * sum(lines.values())) as progress:
         for split, expected in lines.items():
             splits[split] = {"sentences": expected, "tokens": {}, "unk_rate": {}}
             for lang in langs:
@@ -189,7 +197,8 @@ class _ProvisionalCounts:
 
     def add(self, ids: np.ndarray, others: list[bytes]) -> np.ndarray:
         if others:
-            ids[ids == _OTHER] = [self.others.setdefault(p, len(self.symbols) + len(self.others)) for p in others]
+            ids[ids == _OTHER] = [self.others.setdefault(p, len(self.symbols) + len(self.others))
+                                  for p in others]
         block = np.bincount(ids, minlength=len(self.counts))
         if len(block) > len(self.counts):
             self.counts = np.concatenate([self.counts, np.zeros(len(block) - len(self.counts), np.int64)])
@@ -204,8 +213,8 @@ class _ProvisionalCounts:
             raise NmtError(f"{source} holds a piece that is not UTF-8 ({e.object!r}); "
                            f"run `{BPE_COMMAND}` again") from None
         counts = np.pad(self.counts, (0, len(names) - len(self.counts)))
-        dictionary = Dictionary.from_counts(Counter({n: int(c) for n, c in zip(names, counts, strict=True) if c}),
-                                            min_count)
+        nonzero = Counter({n: int(c) for n, c in zip(names, counts, strict=True) if c})
+        dictionary = Dictionary.from_counts(nonzero, min_count)
         return dictionary, np.array([dictionary.index.get(n, UNK) for n in names], np.int64)
 
 
@@ -216,7 +225,7 @@ def _binarize_training_text(pool: WorkerPool, cfg: BinarizeConfig, langs: tuple[
     counts = _ProvisionalCounts(_model_symbols(model))
     provisional = {lang: cfg.out / f".train.{lang}.provisional" for lang in langs}
     try:
-        with LineProgress("binarize", "count and write train", 2 * train_lines) as progress:
+        with line_progress("binarize", "count and write train", 2 * train_lines) as progress:
             for lang in langs:
                 _write_file(pool, cfg.bpe / f"train.{lang}", provisional[lang], model, np.dtype(np.int32),
                             train_lines, progress, counts.add)
@@ -224,7 +233,8 @@ def _binarize_training_text(pool: WorkerPool, cfg: BinarizeConfig, langs: tuple[
         dictionary.save(cfg.out / "dict.txt")
         info: dict[str, Any] = {"sentences": train_lines, "tokens": {}, "unk_rate": {}}
         for lang in langs:
-            tokens, unknown = _map_ids(provisional[lang], cfg.out / f"train.{lang}", to_final, token_dtype(len(dictionary)))
+            tokens, unknown = _map_ids(provisional[lang], cfg.out / f"train.{lang}", to_final,
+                                       token_dtype(len(dictionary)))
             info["tokens"][lang], info["unk_rate"][lang] = tokens, unknown / max(tokens, 1)
     finally:
         for prefix in provisional.values():
@@ -255,5 +265,6 @@ def _print_summary(out: Path, splits: dict[str, dict[str, Any]], dict_size: int)
         table.add_column(name, justify="left" if name in ("split", "lang") else "right")
     for split, info in splits.items():
         for lang, tokens in info["tokens"].items():
-            table.add_row(split, lang, str(info["sentences"]), str(tokens), f"{100 * info['unk_rate'][lang]:.3f}%")
+            table.add_row(split, lang, str(info["sentences"]), str(tokens),
+                          f"{100 * info['unk_rate'][lang]:.3f}%")
     Console().print(table)

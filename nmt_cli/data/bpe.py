@@ -9,7 +9,7 @@ about 37000 tokens"):
 - On at most `sample_sentences` training sentences of both languages, drawn uniformly without
   replacement with our own seed. We sample here rather than with sentencepiece's
   `input_sentence_size`, whose reservoir sampler has a fixed seed built into the library.
-- No bos/eos/pad pieces: `data.Dictionary` adds its own specials; sentencepiece keeps only `<unk>`.
+- No bos/eos/pad pieces: `dataset.Dictionary` adds its own specials; sentencepiece keeps only `<unk>`.
 - Byte fallback only when `character_coverage < 1`: then the rare characters left out of the
   alphabet become UTF-8 byte pieces the model can learn instead of `<unk>`. With full coverage every
   training character is a piece, byte pieces would never occur in the training text and never reach
@@ -41,7 +41,7 @@ from nmt_cli.artifacts import (
     say_done,
     sha256_file,
 )
-from nmt_cli.data.streaming import Block, LineProgress, WorkerPool, cpu_cores, line_blocks, worker_count
+from nmt_cli.data.streaming import Block, WorkerPool, cpu_cores, line_blocks, line_progress, worker_count
 from nmt_cli.errors import NmtError
 from nmt_cli.stages import BpeConfig
 
@@ -56,7 +56,8 @@ def run(cfg: BpeConfig) -> None:
     _check_settings(cfg)
     reused = load_model(cfg.model) if cfg.model is not None else None
     with StageOutput(cfg.out, "bpe", cfg) as stage:
-        stage.inputs["raw"] = {"folder": str(cfg.raw.resolve()), "manifest_sha256": sha256_file(cfg.raw / "manifest.json")}
+        stage.inputs["raw"] = {"folder": str(cfg.raw.resolve()),
+                               "manifest_sha256": sha256_file(cfg.raw / "manifest.json")}
         if reused is not None:
             stage.inputs["model"] = {"path": str(cfg.model.resolve()), "sha256": sha256_file(cfg.model)}
             model, training = reused, {"trained": False}
@@ -102,8 +103,9 @@ def load_model(path: Path) -> bytes:
         raise NmtError(f"--model {path} does not exist") from None
     except OSError as e:
         raise NmtError(f"cannot read --model {path}: {e.strerror}") from None
-    processor = sentencepiece_processor(model, f"--model {path}", "pass the spm.model written by `nmt bpe` or "
-                                        "by spm_train, or leave --model out to train one")
+    processor = sentencepiece_processor(model, f"--model {path}",
+                                        "pass the spm.model written by `nmt bpe` or by spm_train, "
+                                        "or leave --model out to train one")
     if any(" " in piece for piece in processor.encode("a b", out_type=str)):
         raise NmtError(f"--model {path} keeps spaces inside pieces (trained without whitespace escaping), "
                        "so pieces could not be written space-separated; train a model with `nmt bpe`")
@@ -153,7 +155,7 @@ def _training_sentences(cfg: BpeConfig, files: list[Path], chosen: np.ndarray | 
                         failure: list[BaseException]) -> Iterator[str]:
     """The chosen lines of `files`, in file order, for sentencepiece's trainer (which keeps them all)."""
     try:
-        with LineProgress("bpe", "read training text", facts["training_sentences"]) as progress:
+        with line_progress("bpe", "read training text", facts["training_sentences"]) as progress:
             number = 0  # of the block's first line, counted over all files
             for path in files:
                 for block in line_blocks(path):
@@ -163,8 +165,8 @@ def _training_sentences(cfg: BpeConfig, files: list[Path], chosen: np.ndarray | 
                         lines = [lines[i] for i in (chosen[lo:hi] - number).tolist()]
                     number += block.line_count
                     facts["too_long_sentences"] += sum(
-                        len(line) * 4 > MAX_TRAIN_SENTENCE_BYTES and len(line.encode()) > MAX_TRAIN_SENTENCE_BYTES
-                        for line in lines)
+                        len(line) * 4 > MAX_TRAIN_SENTENCE_BYTES
+                        and len(line.encode()) > MAX_TRAIN_SENTENCE_BYTES for line in lines)
                     yield from lines
                     progress.advance(block.line_count)
     except BaseException as e:
@@ -227,7 +229,7 @@ def encode_corpus(cfg: BpeConfig, model: Path, lines: dict[str, int],
     """Write OUT/{split}.{lang} for every split and language; returns {split: {lang: pieces}}."""
     pieces: dict[str, dict[str, int]] = {}
     model_path = str(model.resolve())
-    with WorkerPool(cfg.workers) as pool, LineProgress("bpe", "encode", 2 * sum(lines.values())) as progress:
+    with WorkerPool(cfg.workers) as pool, line_progress("bpe", "encode", 2 * sum(lines.values())) as progress:
         for split, expected in lines.items():
             pieces[split] = {}
             for lang in langs:
@@ -240,13 +242,15 @@ def encode_corpus(cfg: BpeConfig, model: Path, lines: dict[str, int],
                         done, count = done + n_lines, count + n_pieces
                         progress.advance(n_lines)
                     if done != expected:
-                        raise NmtError(f"{source} has {done} lines but {cfg.raw}/manifest.json records {expected}: "
-                                       f"it changed after `nmt prepare` wrote it; run `{PREPARE_COMMAND}` again")
+                        raise NmtError(f"{source} has {done} lines but {cfg.raw}/manifest.json records "
+                                       f"{expected}: it changed after `nmt prepare` wrote it; "
+                                       f"run `{PREPARE_COMMAND}` again")
                 pieces[split][lang] = count
     return pieces
 
 
-def _print_summary(out: Path, lines: dict[str, int], pieces: dict[str, dict[str, int]], vocab_size: int) -> None:
+def _print_summary(out: Path, lines: dict[str, int], pieces: dict[str, dict[str, int]],
+                   vocab_size: int) -> None:
     table = Table(title=f"nmt bpe: {vocab_size} pieces, written to {out}")
     table.add_column("split")
     table.add_column("lines", justify="right")

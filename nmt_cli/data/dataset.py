@@ -65,7 +65,8 @@ class Dictionary:
         return cls.checked(symbols, counts, str(path), "rebuild it with `nmt binarize`")
 
     @classmethod
-    def checked(cls, symbols: list[str], counts: list[int], source: str, fix: str, unit: str = "line") -> Dictionary:
+    def checked(cls, symbols: list[str], counts: list[int], source: str, fix: str,
+                unit: str = "line") -> Dictionary:
         """A dictionary of symbols read from a file, refused (naming `source`, the `unit` number and
         `fix`) unless the special symbols come first and every symbol is unique."""
         if tuple(symbols[: len(SPECIALS)]) != SPECIALS:
@@ -197,7 +198,8 @@ class IndexedDataset:
         return (self[i] for i in range(len(self)))
 
 
-def read_sequential(prefix: Path, sentences_per_chunk: int = 1 << 16) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def read_sequential(prefix: Path,
+                    sentences_per_chunk: int = 1 << 16) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(ids, sizes) of consecutive chunks of sentences of a .bin/.idx pair, read with plain reads.
 
     For one pass over a whole pair (binarize maps provisional ids this way): the pages of a memory
@@ -211,7 +213,8 @@ def read_sequential(prefix: Path, sentences_per_chunk: int = 1 << 16) -> Iterato
         if previous[0] != 0:
             raise NmtError(f"{idx_path} has offsets out of order; run `nmt binarize` again")
         for start in range(0, count, sentences_per_chunk):
-            offsets = np.concatenate([previous, np.fromfile(idx, np.int64, min(sentences_per_chunk, count - start))])
+            chunk = np.fromfile(idx, np.int64, min(sentences_per_chunk, count - start))
+            offsets = np.concatenate([previous, chunk])
             sizes = np.diff(offsets)
             _check_sizes(sizes, idx_path)
             yield np.fromfile(tokens, dtype, int(offsets[-1] - offsets[0])), sizes

@@ -11,7 +11,6 @@ which replaces the built-in entry of that name: the way to use a verified mirror
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import http.client
@@ -23,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from rich.progress import BarColumn, DownloadColumn, TextColumn, TransferSpeedColumn
 
 from nmt_cli import __version__
 from nmt_cli.errors import NmtError
+from nmt_cli.progress import ProgressReport, log
 
 CHUNK_BYTES = 1 << 20
 _STATMT = re.compile(r"^https?://(www\.|data\.)?statmt\.org(?=/)")
@@ -100,7 +99,8 @@ def verify(path: Path, remote: Remote, fix: str) -> dict[str, Any]:
                            f"{expected} ({remote.origin}), got {digests[algorithm]}; {fix}")
     checked = [k for k in ("sha256", "md5", "bytes") if getattr(remote, k) is not None]
     return {"url": remote.url, "path": str(path), "bytes": size, **digests,
-            "verified": f"{'+'.join(checked)} from {remote.origin}" if checked else "no published size or checksum"}
+            "verified": f"{'+'.join(checked)} from {remote.origin}" if checked
+            else "no published size or checksum"}
 
 
 def hash_file(path: Path, md5: bool = False) -> dict[str, str]:
@@ -158,8 +158,8 @@ def _fetch_with_retries(url: str, part: Path, remote: Remote, retries: Retries) 
     while True:
         before = _size(part)
         try:
-            with _progress(remote.name) as advance:
-                _transfer(url, part, remote, retries.timeout_seconds, advance)
+            with _progress(remote.name) as progress:
+                _transfer(url, part, remote, retries.timeout_seconds, progress)
             return
         except _Retry as e:
             failures = 0 if _size(part) > before else failures  # progress was made: not a failed try
@@ -169,11 +169,11 @@ def _fetch_with_retries(url: str, part: Path, remote: Remote, retries: Retries) 
                                f"network or --mirror, or download it by hand into a folder and pass "
                                f"--from FOLDER (the {_size(part)} bytes so far are kept in {part})") from None
             wait = retries.wait_seconds * 2 ** (failures - 1)
-            _log(f"{remote.name}: {e}; attempt {failures + 1} of {retries.attempts} in {wait:g} s")
+            log(f"{remote.name}: {e}; attempt {failures + 1} of {retries.attempts} in {wait:g} s")
             time.sleep(wait)
 
 
-def _transfer(url: str, part: Path, remote: Remote, timeout: float, advance: Any) -> None:
+def _transfer(url: str, part: Path, remote: Remote, timeout: float, progress: ProgressReport) -> None:
     """One attempt: continue `part` from where it stops. Raises _Retry for what may pass."""
     offset, expected_bytes = _size(part), remote.bytes
     if expected_bytes is not None and offset == expected_bytes:
@@ -193,13 +193,13 @@ def _transfer(url: str, part: Path, remote: Remote, timeout: float, advance: Any
         if expected_bytes is not None and total is not None and total != expected_bytes:
             raise NmtError(f"{url} offers {total} bytes but {remote.name} has "
                            f"{expected_bytes}: the server has another file; check the URL or --mirror")
-        _copy_body(response, part, offset, total, advance)
+        _copy_body(response, part, offset, total, progress)
         checkable = any(v is not None for v in (remote.bytes, remote.sha256, remote.md5))
         if total is None and not getattr(response, "chunked", False) and not checkable:
-            raise NmtError(f"{url} did not say how long {remote.name} is and no size or checksum of it is known, "
-                           f"so the {_size(part)} bytes received (kept in {part}) may be cut short; give its "
-                           f"sha256 with --checksums (a line 'HEX  {remote.name}') and run again, or download "
-                           "it by hand and pass --from FOLDER")
+            raise NmtError(f"{url} did not say how long {remote.name} is and no size or checksum of it is "
+                           f"known, so the {_size(part)} bytes received (kept in {part}) may be cut short; "
+                           f"give its sha256 with --checksums (a line 'HEX  {remote.name}') and run again, "
+                           "or download it by hand and pass --from FOLDER")
 
 
 def _http_error(e: urllib.error.HTTPError, url: str, part: Path, offset: int) -> None:
@@ -228,10 +228,10 @@ def _start_offset(response: Any, offset: int, url: str, part: Path) -> tuple[int
     return 0, int(length) if length and length.isdigit() else None  # 200: the whole file again
 
 
-def _copy_body(response: Any, part: Path, offset: int, total: int | None, advance: Any) -> None:
+def _copy_body(response: Any, part: Path, offset: int, total: int | None, progress: ProgressReport) -> None:
     if offset == 0:
         part.unlink(missing_ok=True)
-    advance(offset, total)
+    progress.advance(offset, total)
     try:
         with open(part, "ab") as f:
             while True:
@@ -242,7 +242,7 @@ def _copy_body(response: Any, part: Path, offset: int, total: int | None, advanc
                 if not chunk:
                     break
                 f.write(chunk)
-                advance(len(chunk), None)
+                progress.advance(len(chunk))
     except OSError as e:
         raise NmtError(f"cannot write {part}: {e.strerror}; free some space or choose --downloads") from None
     size = _size(part)
@@ -265,27 +265,9 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _log(message: str) -> None:
-    Console(stderr=True, soft_wrap=True).print(message, highlight=False, markup=False)
-
-
-@contextlib.contextmanager
-def _progress(name: str) -> Any:
-    """A byte progress bar on a terminal, a start and an end line otherwise. Yields advance(n, total)."""
-    console = Console(stderr=True)
-    if not console.is_terminal:
-        _log(f"downloading {name}")
-        state = {"bytes": 0}
-        yield lambda n, total: state.__setitem__("bytes", state["bytes"] + n)
-        _log(f"downloaded {name}: {state['bytes']} bytes")
-        return
+def _progress(name: str) -> ProgressReport:
+    """A byte progress bar on a terminal, a start and an end line otherwise."""
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
-    with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task(name, total=None)
-
-        def advance(n: int, total: int | None) -> None:
-            if total is not None:
-                progress.update(task, total=total)
-            progress.advance(task, n)
-        yield advance
+    return ProgressReport(name, None, lambda p: f"downloaded {name}: {p.done} bytes", columns=columns,
+                          first_line=f"downloading {name}")
 

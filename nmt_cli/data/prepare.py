@@ -38,10 +38,11 @@ from nmt_cli.errors import NmtError
 from nmt_cli.stages import PrepareConfig
 
 SMALL_INPUT_BYTES = 8 << 20
-VALID_TEST_NOTE = ("valid and test are not normalised or filtered: each line is the published text with its "
-                   "line ending removed (test: the <seg> text of the SGML with entities decoded and whitespace "
-                   "collapsed, as sacreBLEU reads it); in-line line-break characters (CR, VT, FF, FS, GS, RS, "
-                   "NEL, U+2028, U+2029) become a space in every split so that all readers count the same lines")
+VALID_TEST_NOTE = ("valid and test are not normalised or filtered: each line is the published text with "
+                   "its line ending removed (test: the <seg> text of the SGML with entities decoded and "
+                   "whitespace collapsed, as sacreBLEU reads it); in-line line-break characters (CR, VT, FF, "
+                   "FS, GS, RS, NEL, U+2028, U+2029) become a space in every split so that all readers count "
+                   "the same lines")
 
 
 def run(cfg: PrepareConfig) -> None:
@@ -116,7 +117,8 @@ def _check_options(cfg: PrepareConfig) -> None:
     if cfg.retries < 1 or cfg.timeout_seconds <= 0 or cfg.retry_wait_seconds < 0:
         raise NmtError("retries must be at least 1, timeout_seconds above 0, retry_wait_seconds not negative")
     if cfg.max_words < 0 or cfg.max_ratio < 0 or 0 < cfg.max_ratio < 1:
-        raise NmtError(f"max_words must be >= 0 and max_ratio 0 (off) or >= 1; got {cfg.max_words}, {cfg.max_ratio}")
+        raise NmtError(f"max_words must be >= 0 and max_ratio 0 (off) or >= 1; "
+                       f"got {cfg.max_words}, {cfg.max_ratio}")
     if cfg.workers < 0:
         raise NmtError(f"workers must be >= 0 (0: one per CPU core); got {cfg.workers}")
     if cfg.dataset == "toy" and (cfg.toy_train < 1 or cfg.toy_valid < 1 or cfg.toy_test < 0):
@@ -169,7 +171,8 @@ def _local_pair(split: str, prefix: str, src: str, tgt: str) -> tuple[Path, Path
     paths = (Path(f"{prefix}.{src}").expanduser().absolute(), Path(f"{prefix}.{tgt}").expanduser().absolute())
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
-        raise NmtError(f"--{split} {prefix}: {' and '.join(missing)} not found (need PREFIX.{src} and PREFIX.{tgt})")
+        raise NmtError(f"--{split} {prefix}: {' and '.join(missing)} not found "
+                       f"(need PREFIX.{src} and PREFIX.{tgt})")
     counts = [count_lines(p) for p in paths]
     if counts[0] != counts[1]:
         raise NmtError(f"{paths[0]} has {counts[0]} lines but {paths[1]} has {counts[1]}: a parallel "
@@ -198,7 +201,8 @@ def _prepare_toy(cfg: PrepareConfig, stage: StageOutput, src: str, tgt: str) -> 
 
 
 @contextlib.contextmanager
-def _split_writer(stage: StageOutput, split: str, src: str, tgt: str, origin: Any) -> Iterator[Callable[[str, str], None]]:
+def _split_writer(stage: StageOutput, split: str, src: str, tgt: str,
+                  origin: Any) -> Iterator[Callable[[str, str], None]]:
     """Write `split`.`src`/`split`.`tgt` atomically, one pair per call; register them when complete."""
     lines = 0
     names = (f"{split}.{src}", f"{split}.{tgt}")
@@ -210,7 +214,8 @@ def _split_writer(stage: StageOutput, split: str, src: str, tgt: str, origin: An
             lines += 1
         yield write
         if lines == 0:
-            raise NmtError(f"no {split} pair is left (from {origin}); check the input and the cleaning settings")
+            raise NmtError(f"no {split} pair is left (from {origin}); "
+                           "check the input and the cleaning settings")
     for name in names:
         stage.add_output(name, lines=lines)
     stage.info.setdefault("splits", {})[split] = {"lines": lines, "from": origin}
@@ -233,7 +238,8 @@ def _clean_train(cfg: PrepareConfig, stage: StageOutput, src: str, tgt: str,
 
     stage.info["cleaning"] = {
         "applied_to": "train",
-        "settings": {"normalize_punctuation": cfg.normalize_punctuation, "remove_non_printing": cfg.remove_non_printing,
+        "settings": {"normalize_punctuation": cfg.normalize_punctuation,
+                     "remove_non_printing": cfg.remove_non_printing,
                      "drop_empty": cfg.drop_empty, "max_words": cfg.max_words, "max_ratio": cfg.max_ratio,
                      "dedup": cfg.dedup, "invalid_utf8": errors, "word_counts": "whitespace-separated words",
                      "sacremoses": f"{sacremoses_version} MosesPunctNormalizer(lang) with its defaults"},
@@ -274,10 +280,6 @@ def _sgml_split(stage: StageOutput, split: str, src: str, tgt: str, files: tuple
 # Telling the user
 
 
-def _log(message: str) -> None:
-    Console(stderr=True, soft_wrap=True).print(message, highlight=False, markup=False)
-
-
 def _summary(out: Path, info: dict[str, Any]) -> None:
     console = Console()
     splits = Table(title=f"nmt prepare {info['dataset']}: {info['src_lang']}->{info['tgt_lang']} in {out}")
@@ -296,5 +298,6 @@ def _summary(out: Path, info: dict[str, Any]) -> None:
         table.add_column(column, justify="left" if column == "corpus" else "right")
     for name, r in corpora.items():
         removed = [f"{s['before'] - s['after']:,}" for s in r["steps"]]
-        table.add_row(name, f"{r['pairs_in']:,}", *removed, f"{r['pairs_out']:,}", f"{r['invalid_utf8_pairs']:,}")
+        table.add_row(name, f"{r['pairs_in']:,}", *removed, f"{r['pairs_out']:,}",
+                      f"{r['invalid_utf8_pairs']:,}")
     console.print(table)

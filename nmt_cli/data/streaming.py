@@ -3,7 +3,7 @@
 `nmt bpe` and `nmt binarize` handle corpora of millions of lines. They read a file as blocks of
 about `BLOCK_BYTES` that end at a line break (`line_blocks`), hand the blocks to a pool of worker
 processes (`WorkerPool.map`) and get the results back in input order. At most two blocks per
-worker are in flight, so memory stays flat however large the corpus is. `LineProgress` shows a
+worker are in flight, so memory stays flat however large the corpus is. `line_progress` shows a
 rich progress bar on a terminal and a `key=value` log line now and then otherwise.
 """
 
@@ -14,24 +14,15 @@ import concurrent.futures
 import multiprocessing
 import os
 import signal
-import sys
-import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from nmt_cli.artifacts import open_input
 from nmt_cli.errors import NmtError
+from nmt_cli.progress import ProgressReport
 
 BLOCK_BYTES = 1 << 20  # ~8k sentences of WMT text: large enough that inter-process overhead vanishes
 T = TypeVar("T")
@@ -147,40 +138,13 @@ def _ignore_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-class LineProgress:
-    """Lines done out of a known total: a rich bar on a terminal, else a log line every `log_seconds`."""
+def line_progress(stage: str, step: str, total_lines: int, log_seconds: float = 30.0) -> ProgressReport:
+    """Lines done out of a known total: a rich bar on a terminal, else a log line every `log_seconds`
+    and one at the end."""
+    columns = (TextColumn(f"{stage} {step}"), BarColumn(), MofNCompleteColumn(), TextColumn("lines"),
+               TimeElapsedColumn(), TimeRemainingColumn())
 
-    def __init__(self, stage: str, step: str, total_lines: int, log_seconds: float = 30.0) -> None:
-        self.stage, self.step, self.total, self.log_seconds = stage, step, total_lines, log_seconds
-        self.done, self.start = 0, time.monotonic()
-        self._last_log = self.start
-        console = Console(stderr=True)
-        self._bar: Progress | None = None
-        if console.is_terminal:
-            self._bar = Progress(TextColumn(f"{stage} {step}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("lines"), TimeElapsedColumn(), TimeRemainingColumn(), console=console)
-            self._task = self._bar.add_task(step, total=total_lines)
-
-    def __enter__(self) -> LineProgress:
-        if self._bar is not None:
-            self._bar.start()
-        return self
-
-    def advance(self, lines: int) -> None:
-        self.done += lines
-        if self._bar is not None:
-            self._bar.update(self._task, completed=self.done)
-        elif time.monotonic() - self._last_log >= self.log_seconds:
-            self._last_log = time.monotonic()
-            self._log()
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-        elif exc_type is None:
-            self._log()
-
-    def _log(self) -> None:
-        seconds = max(time.monotonic() - self.start, 1e-9)
-        print(f"stage={self.stage} step={self.step} lines={self.done} total={self.total} "
-              f"lines_per_second={self.done / seconds:.0f} seconds={seconds:.1f}", file=sys.stderr, flush=True)
+    def line(p: ProgressReport) -> str:
+        return (f"stage={stage} step={step} lines={p.done} total={p.total} "
+                f"lines_per_second={p.done / p.seconds:.0f} seconds={p.seconds:.1f}")
+    return ProgressReport(step, total_lines, line, columns=columns, every_seconds=log_seconds)

@@ -107,7 +107,8 @@ def _clause(rng: random.Random) -> tuple[list[str], list[str]]:
     verb_en = past if is_past else (stem if plural else present_sg)
     adverb = rng.choice(ADVERBS) if rng.random() < 0.3 else None
     en = [*subj_en, verb_en, *obj_en, *([adverb] if adverb else [])]
-    ty = [*subj_ty, *obj_ty, *([LEXICON[adverb]] if adverb else []), LEXICON[stem], *([PAST] if is_past else [])]
+    ty = [*subj_ty, *obj_ty, *([LEXICON[adverb]] if adverb else []), LEXICON[stem],
+          *([PAST] if is_past else [])]
     return en, ty
 
 

@@ -24,25 +24,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from nmt_cli.data import archive, download
 from nmt_cli.data.clean import Errors, decode
 from nmt_cli.data.download import Remote
 from nmt_cli.errors import NmtError
+from nmt_cli.progress import log
 
 _TFDS = "tensorflow-datasets url_checksums"
 ARCHIVES = {remote.name: remote for remote in [
     Remote("training-parallel-europarl-v7.tgz", "http://statmt.org/wmt13/training-parallel-europarl-v7.tgz",
-           657632379, sha256="0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7", origin=_TFDS),
+           657632379, origin=_TFDS,
+           sha256="0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7"),
     Remote("training-parallel-commoncrawl.tgz", "http://statmt.org/wmt13/training-parallel-commoncrawl.tgz",
-           918311367, sha256="c7a74e2ea01ac6c920123108627e35278d4ccb5701e15428ffa34de86fa3a9e5", origin=_TFDS),
+           918311367, origin=_TFDS,
+           sha256="c7a74e2ea01ac6c920123108627e35278d4ccb5701e15428ffa34de86fa3a9e5"),
     Remote("training-parallel-nc-v9.tgz", "http://statmt.org/wmt14/training-parallel-nc-v9.tgz",
-           80418416, sha256="cb8953f292298e6877ae433c98912b927cb0766b303f4540512ddd286c748485", origin=_TFDS),
+           80418416, origin=_TFDS,
+           sha256="cb8953f292298e6877ae433c98912b927cb0766b303f4540512ddd286c748485"),
     Remote("training-parallel-un.tgz", "http://statmt.org/wmt13/training-parallel-un.tgz",
-           2365634246, sha256="29141b5c1eba149a94f7a59d3b1a834b2e47fe0f8758d68dcd77a3d3f497ee47", origin=_TFDS),
+           2365634246, origin=_TFDS,
+           sha256="29141b5c1eba149a94f7a59d3b1a834b2e47fe0f8758d68dcd77a3d3f497ee47"),
     Remote("training-giga-fren.tar", "http://statmt.org/wmt10/training-giga-fren.tar",
-           2595102720, sha256="3ff8319f6919393520559bfbc7ad6a747ec81b3abc7be9993b338d4b017b4d9a", origin=_TFDS),
+           2595102720, origin=_TFDS,
+           sha256="3ff8319f6919393520559bfbc7ad6a747ec81b3abc7be9993b338d4b017b4d9a"),
     Remote("dev.tgz", "http://statmt.org/wmt14/dev.tgz"),
     Remote("test-full.tgz", "http://statmt.org/wmt14/test-full.tgz",
            md5="a8cd784e006feb32ac6f3d9ec7eb389a", origin="sacreBLEU's dataset table (wmt14/full)"),
@@ -67,8 +71,10 @@ _NEWS_COMMENTARY = Corpus("news-commentary-v9", "training-parallel-nc-v9.tgz",
                           "training/news-commentary-v9.{pair}.{lang}")
 TRAIN = {
     "de": [_EUROPARL, _COMMONCRAWL, _NEWS_COMMENTARY],
-    "fr": [_EUROPARL, _COMMONCRAWL, Corpus("un-undoc2000", "training-parallel-un.tgz", "un/undoc.2000.{pair}.{lang}"),
-           _NEWS_COMMENTARY, Corpus("giga-fren", "training-giga-fren.tar", "giga-fren.release2.fixed.{lang}.gz")],
+    "fr": [_EUROPARL, _COMMONCRAWL,
+           Corpus("un-undoc2000", "training-parallel-un.tgz", "un/undoc.2000.{pair}.{lang}"),
+           _NEWS_COMMENTARY,
+           Corpus("giga-fren", "training-giga-fren.tar", "giga-fren.release2.fixed.{lang}.gz")],
 }
 VALID = Corpus("newstest2013", "dev.tgz", "dev/newstest2013.{lang}")
 TEST_NAME, TEST_ARCHIVE = "newstest2014-full", "test-full.tgz"
@@ -77,7 +83,8 @@ TEST_NAME, TEST_ARCHIVE = "newstest2014-full", "test-full.tgz"
 def newstest2014_members(other: str, src: str, tgt: str) -> tuple[str, str]:
     """sacreBLEU's choice: the "src" file of the source language and the "ref" file of the target
     (both directions share one text: deen-src.en equals deen-ref.en)."""
-    return (f"test-full/newstest2014-{other}en-src.{src}.sgm", f"test-full/newstest2014-{other}en-ref.{tgt}.sgm")
+    return (f"test-full/newstest2014-{other}en-src.{src}.sgm",
+            f"test-full/newstest2014-{other}en-ref.{tgt}.sgm")
 
 
 @dataclass
@@ -116,7 +123,7 @@ def fetch(other: str, src: str, tgt: str, downloads: Path, from_dir: Path | None
     records = {r.name: record for r, (_, record) in zip(remotes, located, strict=True)}
     paths: dict[str, Path] = {}
     for remote, (path, _) in zip(remotes, located, strict=True):
-        Console(stderr=True).print(f"reading {remote.name}", highlight=False)
+        log(f"reading {remote.name}")
         paths |= archive.extract(path, wanted[remote.name], downloads / "extracted" / remote.name)
     return Files(
         train=[(name, paths[s], paths[t]) for name, s, t, _ in train],

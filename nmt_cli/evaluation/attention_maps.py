@@ -2,11 +2,11 @@
 
 The model reads the source and, teacher-forced, the target: the one given with ``--target``, else
 its own beam-search translation. While it runs, every attention layer hands its softmax rows to a
-recorder (`recording`; model.py computes them only then). One kind of attention, one layer and one
-head or all heads are drawn: as heatmaps, queries down and keys across, or with ``--style lines``
-as in the paper's figures 3-5 (encoder self-attention of layer 5 of 6), queries above keys, each
-pair joined by a line as opaque as its weight, one colour per head, ``--query`` picking one query
-token's lines. The model runs on the CPU in float32.
+recorder (`recording`; `model/transformer.py` computes them only then). One kind of attention, one
+layer and one head or all heads are drawn: as heatmaps, queries down and keys across, or with
+``--style lines`` as in the paper's figures 3-5 (encoder self-attention of layer 5 of 6), queries
+above keys, each pair joined by a line as opaque as its weight, one colour per head, ``--query``
+picking one query token's lines. The model runs on the CPU in float32.
 
 Positions and their labels. Encoder self-attention: the source pieces and EOS on both axes.
 Decoder self-attention: the keys are the decoder's inputs (BOS, y1 .. yn); each query position is
@@ -60,7 +60,8 @@ def recording(model: Transformer) -> Iterator[Maps]:
     layers += [("cross", i, layer.cross_attn) for i, layer in enumerate(model.decoder)]
     try:
         for kind, i, attention in layers:
-            attention.recorder = lambda weights, key=(kind, i): maps.setdefault(key, []).append(weights.detach())
+            attention.recorder = lambda weights, key=(kind, i): maps.setdefault(key, []).append(
+                weights.detach())
         yield maps
     finally:
         for _, _, attention in layers:
@@ -68,7 +69,8 @@ def recording(model: Transformer) -> Iterator[Maps]:
 
 
 @torch.no_grad()
-def attention_maps(model: Transformer, src: Tensor, prev: Tensor) -> tuple[Tensor, dict[tuple[str, int], Tensor]]:
+def attention_maps(model: Transformer, src: Tensor,
+                   prev: Tensor) -> tuple[Tensor, dict[tuple[str, int], Tensor]]:
     """One teacher-forced forward pass of src (B, S) and prev (B, T) = BOS + target: its logits
     (B, T, V) and every layer's softmax rows, {(kind, 0-based layer): (B, H, T or S, S or T)}."""
     with recording(model) as maps:
@@ -90,7 +92,8 @@ def token_label(symbol: str) -> str:
         return symbol
     if symbol.startswith("▁"):
         return symbol[1:]
-    return f"##{symbol}" if symbol[0].isalnum() else symbol  # "##" marks a piece inside a word, not punctuation
+    # "##" marks a piece inside a word, not punctuation
+    return f"##{symbol}" if symbol[0].isalnum() else symbol
 
 
 # -- the sentence -------------------------------------------------------------------------------
@@ -136,16 +139,19 @@ def tokens_of(kind: str, sentence: Sentence, dictionary: Dictionary) -> tuple[li
         case "encoder":
             return source, source
         case "decoder":
-            return [dictionary.symbols[i] for i in sentence.predicted], [dictionary.symbols[i] for i in sentence.prev]
+            return ([dictionary.symbols[i] for i in sentence.predicted],
+                    [dictionary.symbols[i] for i in sentence.prev])
         case _:
             return [dictionary.symbols[i] for i in sentence.predicted], source
 
 
-def select(maps: dict[tuple[str, int], Tensor], cfg: AttentionConfig, layers: int) -> tuple[int, list[int], Tensor]:
+def select(maps: dict[tuple[str, int], Tensor], cfg: AttentionConfig,
+           layers: int) -> tuple[int, list[int], Tensor]:
     """(1-based layer, 1-based heads, weights (heads, T, L)) of the first sentence, as asked for."""
     layer = cfg.layer if cfg.layer != 0 else layers
     if not 1 <= layer <= layers:
-        raise NmtError(f"--layer {cfg.layer}: the model's {cfg.kind} side has layers 1 to {layers} (0: the last)")
+        raise NmtError(f"--layer {cfg.layer}: the model's {cfg.kind} side has layers 1 to {layers} "
+                       "(0: the last)")
     weights = maps[(cfg.kind, layer - 1)][0]  # (H, T, L)
     heads = weights.shape[0]
     if not 0 <= cfg.head <= heads:
@@ -196,7 +202,8 @@ def draw(weights: Tensor, heads: list[int], queries: list[str], keys: list[str],
     font = max(min(8.0, cell_inches(len(queries), len(keys), len(heads)) * 33), 4.0)
     top = float(weights.max())
     for ax, head, panel in zip(axes, heads, weights, strict=False):
-        image = ax.imshow(panel.numpy(), cmap="Blues", vmin=0.0, vmax=top, aspect="equal", interpolation="nearest")
+        image = ax.imshow(panel.numpy(), cmap="Blues", vmin=0.0, vmax=top, aspect="equal",
+                          interpolation="nearest")
         if len(heads) > 1:
             ax.set_title(f"head {head}", fontsize=10)
         ax.set_xticks(range(len(keys)), [_plain(k) for k in keys], rotation=90, fontsize=font)
@@ -251,8 +258,10 @@ def draw_lines(weights: Tensor, heads: list[int], queries: list[str], keys: list
     ax.set_xlim(-0.6, tokens - 0.4)
     ax.set_ylim(-0.02, 1.02)
     _token_axes(ax, x_query, queries, x_key, keys, only)
-    handles = [Line2D([], [], color=c, linewidth=3, label=f"head {h}") for c, h in zip(colors, heads, strict=True)]
-    figure.legend(handles=handles, loc="outside lower center", ncols=min(len(heads), 8), frameon=False, fontsize=9)
+    handles = [Line2D([], [], color=c, linewidth=3, label=f"head {h}")
+               for c, h in zip(colors, heads, strict=True)]
+    figure.legend(handles=handles, loc="outside lower center", ncols=min(len(heads), 8), frameon=False,
+                  fontsize=9)
     figure.suptitle(_plain(title), fontsize=12)
     return figure
 
@@ -335,16 +344,16 @@ def run(cfg: AttentionConfig) -> None:
     layer, heads, weights = select(maps, cfg, layers)
     queries, keys = tokens_of(cfg.kind, sentence, dictionary)
     if cfg.format == "json":
-        atomic_write_text(cfg.out, json.dumps(document(cfg, sentence, layer, layers, heads, weights, queries, keys),
-                                              ensure_ascii=False) + "\n")
+        doc = document(cfg, sentence, layer, layers, heads, weights, queries, keys)
+        atomic_write_text(cfg.out, json.dumps(doc, ensure_ascii=False) + "\n")
     else:
         save_figure(picture(cfg, sentence, layer, layers, heads, weights, queries, keys), cfg.out, cfg.dpi)
     print(f"attention: {KIND_TITLES[cfg.kind].lower()}, layer {layer}, {len(heads)} head(s), "
           f"{len(queries)} x {len(keys)} tokens -> {cfg.out}", file=sys.stderr)
 
 
-def picture(cfg: AttentionConfig, sentence: Sentence, layer: int, layers: int, heads: list[int], weights: Tensor,
-            queries: list[str], keys: list[str]) -> Any:
+def picture(cfg: AttentionConfig, sentence: Sentence, layer: int, layers: int, heads: list[int],
+            weights: Tensor, queries: list[str], keys: list[str]) -> Any:
     query_labels, key_labels = [token_label(q) for q in queries], [token_label(k) for k in keys]
     head_text = "all heads" if cfg.head == 0 else f"head {cfg.head}"
     title = (f"{KIND_TITLES[cfg.kind]}, layer {layer} of {layers}, {head_text}\n"

@@ -1,6 +1,6 @@
 """`nmt plot`: the training curves of one or more runs, drawn from their ``train.jsonl``.
 
-Each run's records (trainlog.py) become lines against updates (or training hours with
+Each run's records (`training/trainlog.py`) become lines against updates (or training hours with
 ``--x hours``): loss and perplexity of training and validation, validation BLEU, the learning rate,
 the gradient norm and the speed. Runs are overlaid in one colour each, labelled by their folder
 name; training is a solid line, validation dashed with a dot per validation. The picture is PNG or
@@ -159,6 +159,8 @@ PANELS = [
     ("gnorm", "Gradient norm", "L2 norm before clipping, log scale", True),
     ("tokens_per_second", "Speed", "target tokens per second", False),
 ]
+TRAIN_STYLE = {"linestyle": "-", "linewidth": 1.4}  # training: solid
+VALID_STYLE = {"linestyle": "--", "marker": "o", "markersize": 3.5, "linewidth": 1.4}  # a dot per validation
 
 
 def draw(logs: list[RunLog], x_axis: str) -> Any:
@@ -169,8 +171,7 @@ def draw(logs: list[RunLog], x_axis: str) -> Any:
     for ax, (name, title, ylabel, log_scale) in zip(axes, PANELS, strict=True):
         drawn = False
         for log, color in zip(logs, colors, strict=True):
-            for kind, style in (("train", {"linestyle": "-", "linewidth": 1.4}),
-                                ("valid", {"linestyle": "--", "marker": "o", "markersize": 3.5, "linewidth": 1.4})):
+            for kind, style in (("train", TRAIN_STYLE), ("valid", VALID_STYLE)):
                 x, y = _xy(log, kind, name, x_axis, log_scale)
                 if x:
                     ax.plot(x, y, color=color, **style)
@@ -199,8 +200,10 @@ def _decorate(ax: Any, title: str, ylabel: str, x_axis: str, log_scale: bool) ->
     ax.set_ylabel(ylabel)
     ax.set_xlabel("update" if x_axis == "updates" else "training hours (wall clock)")
     if x_axis == "updates":  # 25000 as 25k
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:g}k" if abs(v) >= 1000 else f"{v:g}"))
-    if log_scale:  # plain numbers (3, 20, 500) instead of 3x10^0, on the minor ticks too when few decades show
+        ax.xaxis.set_major_formatter(
+            FuncFormatter(lambda v, _: f"{v / 1000:g}k" if abs(v) >= 1000 else f"{v:g}"))
+    if log_scale:
+        # plain numbers (3, 20, 500) instead of 3x10^0, on the minor ticks too when few decades show
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(_plain_log_formatter())
         ax.yaxis.set_minor_formatter(_plain_log_formatter(labelOnlyBase=False, minor_thresholds=(1.5, 0.8)))
@@ -229,8 +232,10 @@ def _legends(figure: Any, ax: Any, logs: list[RunLog], colors: list[str]) -> Non
     """Runs by colour (above the panels) and train/valid by line style (in the first panel)."""
     from matplotlib.lines import Line2D
 
-    runs = [Line2D([], [], color=c, linewidth=2.5, label=log.label) for log, c in zip(logs, colors, strict=True)]
-    figure.legend(handles=runs, loc="outside upper center", ncols=min(len(runs), 5), frameon=False, fontsize=12)
+    runs = [Line2D([], [], color=c, linewidth=2.5, label=log.label)
+            for log, c in zip(logs, colors, strict=True)]
+    figure.legend(handles=runs, loc="outside upper center", ncols=min(len(runs), 5), frameon=False,
+                  fontsize=12)
     styles = [Line2D([], [], color="0.25", linestyle="-", label="train"),
               Line2D([], [], color="0.25", linestyle="--", marker="o", markersize=3.5, label="validation")]
     ax.legend(handles=styles, loc="upper right", fontsize=9)

@@ -2,16 +2,17 @@
 
 - sacreBLEU (Post 2018) with its signature: the number to compare with sacreBLEU tables.
 - chrF (Popović 2015) with its signature, as sacreBLEU computes it.
-- Tokenized BLEU: what the paper reports (27.3 base, 28.4 big on newstest2014 en-de; 38.1 and
-  41.8 en-fr), computed as tensor2tensor's `get_ende_bleu.sh` does (compound splitting for a German
-  target only, as that script is for German): Moses replace-unicode-punctuation,
-  then the Moses tokenizer (`tokenizer.perl -l TGT`, escaping on, no aggressive dash splitting),
-  then every hyphen between two non-space characters split off as ``##AT##-##AT##`` (Perl's
-  ``s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g``: matches do not overlap, so "a-b-c" becomes
-  "a ##AT##-##AT## b-c", exactly as the script does), then `multi-bleu.perl`: case-sensitive BLEU on
-  whitespace-split tokens, no smoothing. The script reads an already tokenized reference; here the
-  raw reference goes through the same steps as the hypothesis. Roughly one point above sacreBLEU for
-  the same output.
+- Tokenized BLEU: what "Attention Is All You Need" reports (arXiv 1706.03762, section 6.1,
+  Table 2: 27.3 base, 28.4 big on newstest2014 en-de; 38.1 and 41.8 en-fr), computed as tensor2tensor's
+  `get_ende_bleu.sh` does (compound splitting for a German target only, as that script is for
+  German): Moses replace-unicode-punctuation, then the Moses tokenizer (`tokenizer.perl -l TGT`,
+  escaping on, no aggressive dash splitting), then every hyphen between two non-space characters
+  split off as ``##AT##-##AT##`` (Perl's ``s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g``: matches do not
+  overlap, so "a-b-c" becomes "a ##AT##-##AT## b-c", exactly as the script does), then
+  `multi-bleu.perl`: case-sensitive BLEU on whitespace-split tokens, no smoothing. The script reads
+  an already tokenized reference; here the raw reference goes through the same steps as the
+  hypothesis. Roughly one point above sacreBLEU for the same output, which is why the two are
+  labelled apart.
 
 The scores are printed and written as JSON (`--json`, default HYP.scores.json):
 ``{"hyp", "ref", "segments", "target_lang", "sacrebleu": {"score", "signature", "verbose",
@@ -65,16 +66,17 @@ def compute_scores(hyps: list[str], refs: list[str], target_lang: str, tokenize:
     bleu_metric, chrf_metric = BLEU(tokenize=tokenize), CHRF()
     bleu, chrf = bleu_metric.corpus_score(hyps, [refs]), chrf_metric.corpus_score(hyps, [refs])
     paper = tokenized_bleu(hyps, refs, target_lang)
+    compound = "compound-split:##AT##|" if target_lang == "de" else ""
     return {
         "sacrebleu": {"score": bleu.score, "signature": str(bleu_metric.get_signature()),
                       "verbose": bleu.format(width=2, score_only=False),
                       "comparable_to": "sacreBLEU tables (not the paper's tokenized BLEU)"},
         "chrf": {"score": chrf.score, "signature": str(chrf_metric.get_signature())},
         "tokenized_bleu": {"score": paper.score,
-                           "signature": f"moses-tok:{target_lang}|"
-                                        f"{'compound-split:##AT##|' if target_lang == 'de' else ''}multi-bleu|smooth:none",
+                           "signature": f"moses-tok:{target_lang}|{compound}multi-bleu|smooth:none",
                            "verbose": paper.format(width=2, score_only=False),
-                           "comparable_to": PAPER.get(target_lang, "tokenized BLEU as papers before sacreBLEU")},
+                           "comparable_to": PAPER.get(target_lang,
+                                                      "tokenized BLEU as papers before sacreBLEU")},
     }
 
 
@@ -83,7 +85,8 @@ def _reference(cfg: ScoreConfig) -> Path:
     if cfg.ref is not None:
         return Path(cfg.ref)
     if cfg.test_set is None:
-        raise NmtError("give the reference with --ref FILE, or a sacreBLEU test set with --test-set and --langpair")
+        raise NmtError("give the reference with --ref FILE, "
+                       "or a sacreBLEU test set with --test-set and --langpair")
     if cfg.langpair is None:
         raise NmtError(f"--test-set {cfg.test_set} needs --langpair (e.g. en-de)")
     from sacrebleu.utils import get_reference_files
@@ -94,7 +97,8 @@ def _reference(cfg: ScoreConfig) -> Path:
         refs = get_reference_files(cfg.test_set, cfg.langpair)
     except (Exception, SystemExit) as e:  # sacreBLEU exits the process when a download fails
         raise NmtError(f"could not get the references of {cfg.test_set} {cfg.langpair} from sacreBLEU "
-                       f"({e or 'download failed'}); offline, pass a local reference file with --ref") from None
+                       f"({e or 'download failed'}); offline, pass a local reference file "
+                       "with --ref") from None
     finally:
         socket.setdefaulttimeout(previous)
     if len(refs) != 1:
@@ -116,7 +120,8 @@ def _target_lang(cfg: ScoreConfig, ref: Path) -> tuple[str, str]:
 
 def run(cfg: ScoreConfig) -> None:
     hyp_path = Path(cfg.hyp)
-    out_json = Path(cfg.out_json) if cfg.out_json is not None else hyp_path.with_name(hyp_path.name + ".scores.json")
+    out_json = (Path(cfg.out_json) if cfg.out_json is not None
+                else hyp_path.with_name(hyp_path.name + ".scores.json"))
     check_output_file(out_json, "--json")
     ref_path = _reference(cfg)
     target_lang, lang_note = _target_lang(cfg, ref_path)
@@ -127,10 +132,12 @@ def run(cfg: ScoreConfig) -> None:
     if not hyps:
         raise NmtError(f"{hyp_path} and {ref_path} are empty: there is nothing to score")
     scores = compute_scores(hyps, refs, target_lang, cfg.tokenize)
-    report = {"hyp": str(hyp_path), "ref": str(ref_path), "segments": len(hyps), "target_lang": target_lang, **scores}
+    report = {"hyp": str(hyp_path), "ref": str(ref_path), "segments": len(hyps), "target_lang": target_lang,
+              **scores}
     atomic_write_text(out_json, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     s, c, t = scores["sacrebleu"], scores["chrf"], scores["tokenized_bleu"]
     print(f"sacreBLEU       {s['score']:6.2f}  {s['signature']}  <- compare with sacreBLEU tables\n"
           f"chrF            {c['score']:6.2f}  {c['signature']}\n"
-          f"tokenized BLEU  {t['score']:6.2f}  {t['signature']}  <- compare with {t['comparable_to']}{lang_note}\n"
+          f"tokenized BLEU  {t['score']:6.2f}  {t['signature']}  "
+          f"<- compare with {t['comparable_to']}{lang_note}\n"
           f"scores written to {out_json}")

@@ -34,6 +34,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.inference.replicas import Replicas, describe
 from nmt_cli.inference.search import compile_decoder, keep_freed_memory, translate_ids
 from nmt_cli.model.transformer import Transformer
+from nmt_cli.progress import ProgressReport
 from nmt_cli.stages import TranslateConfig
 from nmt_cli.training import checkpoint
 
@@ -280,21 +281,7 @@ def run(cfg: TranslateConfig) -> None:
 def _progress(total: int | None, bar: bool) -> Iterator[Callable[[int], None]]:
     """A rich progress bar on stderr (`bar`: a terminal that translations do not go to); otherwise
     a plain log line every 10 s."""
-    if bar:
-        from rich.console import Console
-        from rich.progress import Progress
-
-        with Progress(console=Console(stderr=True), transient=True) as display:
-            task = display.add_task("translating", total=total)
-            yield lambda n: display.advance(task, n)
-        return
-    state = {"done": 0, "last": time.perf_counter()}
-
-    def advance(n: int) -> None:
-        state["done"] += n
-        if time.perf_counter() - state["last"] >= 10:
-            state["last"] = time.perf_counter()
-            of = f"/{total}" if total is not None else ""
-            print(f"translate: {state['done']}{of} lines", file=sys.stderr, flush=True)
-
-    yield advance
+    of = f"/{total}" if total is not None else ""
+    with ProgressReport("translating", total, lambda p: f"translate: {p.done}{of} lines", every_seconds=10,
+                        at_end=False, transient=True, bar=bar) as report:
+        yield report.advance
