@@ -38,8 +38,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nmt_cli.artifacts import StageOutput  # noqa: E402
+from nmt_cli.config.data import BinarizeConfig  # noqa: E402
+from nmt_cli.config.train import train_base  # noqa: E402
 from nmt_cli.data.dataset import Dictionary, IndexedWriter, token_dtype  # noqa: E402
-from nmt_cli.stages import BinarizeConfig, train_base  # noqa: E402
 from nmt_cli.training import (
     corpus,  # noqa: E402
     distributed,  # noqa: E402

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from nmt_cli import __version__
-from nmt_cli.config import dump_yaml, to_dict
+from nmt_cli.config.core import dump_yaml, to_dict
 from nmt_cli.errors import NmtError
 
 MANIFEST = "manifest.json"

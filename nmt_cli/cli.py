@@ -1,6 +1,6 @@
 """The `nmt` command: thin Typer commands that build a stage's config and call its `run(cfg)`.
 
-Each command's options are the common fields of its config dataclass (`stages.py`), with the same
+Each command's options are the common fields of its config dataclass (`config/`), with the same
 help text; every other field is reachable through `--config FILE.yaml` and `--set key=value`.
 Options the user did not give are None here and leave the dataclass/YAML value alone. Stage modules
 (and torch) are imported only when a command runs, so `--help` stays fast.
@@ -8,6 +8,7 @@ Options the user did not give are None here and leave the dataclass/YAML value a
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import sys
@@ -19,20 +20,13 @@ from rich.console import Console
 from rich.markup import escape
 
 from nmt_cli import __version__
-from nmt_cli.config import help_of, resolve
+from nmt_cli.config.core import help_of, resolve
+from nmt_cli.config.data import BinarizeConfig, BpeConfig, PrepareConfig
+from nmt_cli.config.evaluation import AttentionConfig, PlotConfig, ScoreConfig
+from nmt_cli.config.inference import TranslateConfig
+from nmt_cli.config.train import AverageConfig, train_base
+from nmt_cli.config.train import TrainConfig as T
 from nmt_cli.errors import NmtError, from_os_error
-from nmt_cli.stages import (
-    AttentionConfig,
-    AverageConfig,
-    BinarizeConfig,
-    BpeConfig,
-    PlotConfig,
-    PrepareConfig,
-    ScoreConfig,
-    TranslateConfig,
-    train_base,
-)
-from nmt_cli.stages import TrainConfig as T
 
 app = typer.Typer(
     help="Neural machine translation: raw text to trained Transformer to BLEU. "
@@ -61,8 +55,12 @@ STAGE_MODULES = {
 }
 
 
+def _help(cls: type, name: str) -> str:
+    return help_of({f.name: f for f in dataclasses.fields(cls)}[name])
+
+
 def _opt(cls: type, name: str, *flags: str) -> Any:
-    return typer.Option(*flags, help=help_of(cls, name), show_default=False)
+    return typer.Option(*flags, help=_help(cls, name), show_default=False)
 
 
 def fail(error: NmtError) -> typer.Exit:
@@ -103,7 +101,7 @@ def _main(
 
 @app.command()
 def prepare(
-    dataset: Annotated[str, typer.Argument(help=help_of(PrepareConfig, "dataset"), show_default=False)],
+    dataset: Annotated[str, typer.Argument(help=_help(PrepareConfig, "dataset"), show_default=False)],
     out: Annotated[Optional[Path], _opt(PrepareConfig, "out", "--out", "-o")] = None,
     src_lang: Annotated[Optional[str], _opt(PrepareConfig, "src_lang", "--src-lang", "-s")] = None,
     tgt_lang: Annotated[Optional[str], _opt(PrepareConfig, "tgt_lang", "--tgt-lang", "-t")] = None,
@@ -129,7 +127,7 @@ def prepare(
 
 @app.command()
 def bpe(
-    raw: Annotated[Path, typer.Argument(help=help_of(BpeConfig, "raw"), show_default=False)],
+    raw: Annotated[Path, typer.Argument(help=_help(BpeConfig, "raw"), show_default=False)],
     out: Annotated[Optional[Path], _opt(BpeConfig, "out", "--out", "-o")] = None,
     vocab_size: Annotated[Optional[int], _opt(BpeConfig, "vocab_size", "--vocab-size")] = None,
     model: Annotated[Optional[Path], _opt(BpeConfig, "model", "--model")] = None,
@@ -146,7 +144,7 @@ def bpe(
 
 @app.command()
 def binarize(
-    bpe_dir: Annotated[Path, typer.Argument(help=help_of(BinarizeConfig, "bpe"), show_default=False)],
+    bpe_dir: Annotated[Path, typer.Argument(help=_help(BinarizeConfig, "bpe"), show_default=False)],
     out: Annotated[Optional[Path], _opt(BinarizeConfig, "out", "--out", "-o")] = None,
     dictionary: Annotated[Optional[Path], _opt(BinarizeConfig, "dictionary", "--dictionary")] = None,
     workers: Annotated[Optional[int], _opt(BinarizeConfig, "workers", "--workers")] = None,
@@ -160,7 +158,7 @@ def binarize(
 
 @app.command(context_settings={"allow_extra_args": False})
 def train(
-    data: Annotated[Path, typer.Argument(help=help_of(T, "data"), show_default=False)],
+    data: Annotated[Path, typer.Argument(help=_help(T, "data"), show_default=False)],
     save_dir: Annotated[Optional[Path], _opt(T, "save_dir", "--save-dir")] = None,
     arch: Annotated[Optional[str], _opt(T, "arch", "--arch")] = None,
     gpus: Annotated[Optional[int], _opt(T, "gpus", "--gpus")] = None,
@@ -202,7 +200,7 @@ def train(
 
 @app.command()
 def average(
-    checkpoints: Annotated[list[Path], typer.Argument(help=help_of(AverageConfig, "checkpoints"), show_default=False)],
+    checkpoints: Annotated[list[Path], typer.Argument(help=_help(AverageConfig, "checkpoints"), show_default=False)],
     out: Annotated[Optional[Path], _opt(AverageConfig, "out", "--out", "-o")] = None,
     last: Annotated[Optional[int], _opt(AverageConfig, "last", "--last")] = None,
     config: ConfigFile = None,
@@ -215,7 +213,7 @@ def average(
 
 @app.command()
 def translate(
-    model: Annotated[Path, typer.Argument(help=help_of(TranslateConfig, "model"), show_default=False)],
+    model: Annotated[Path, typer.Argument(help=_help(TranslateConfig, "model"), show_default=False)],
     input: Annotated[Optional[Path], _opt(TranslateConfig, "input", "--input", "-i")] = None,
     output: Annotated[Optional[Path], _opt(TranslateConfig, "output", "--output", "-o")] = None,
     beam: Annotated[Optional[int], _opt(TranslateConfig, "beam", "--beam")] = None,
@@ -259,7 +257,7 @@ def score(
 
 @app.command()
 def plot(
-    runs: Annotated[list[Path], typer.Argument(help=help_of(PlotConfig, "runs"), show_default=False)],
+    runs: Annotated[list[Path], typer.Argument(help=_help(PlotConfig, "runs"), show_default=False)],
     out: Annotated[Optional[Path], _opt(PlotConfig, "out", "--out", "-o")] = None,
     x: Annotated[Optional[str], _opt(PlotConfig, "x", "--x")] = None,
     dpi: Annotated[Optional[int], _opt(PlotConfig, "dpi", "--dpi")] = None,
@@ -273,7 +271,7 @@ def plot(
 
 @app.command()
 def attention(
-    model: Annotated[Path, typer.Argument(help=help_of(AttentionConfig, "model"), show_default=False)],
+    model: Annotated[Path, typer.Argument(help=_help(AttentionConfig, "model"), show_default=False)],
     source: Annotated[Optional[str], _opt(AttentionConfig, "source", "--source")] = None,
     target: Annotated[Optional[str], _opt(AttentionConfig, "target", "--target")] = None,
     out: Annotated[Optional[Path], _opt(AttentionConfig, "out", "--out", "-o")] = None,

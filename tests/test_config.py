@@ -5,9 +5,11 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_user_error, nmt
-from nmt_cli.config import dump_yaml, read_yaml, resolve
+from nmt_cli.config.core import dump_yaml, read_yaml, resolve
+from nmt_cli.config.data import BpeConfig
+from nmt_cli.config.model import ARCHS
+from nmt_cli.config.train import TrainConfig, train_base
 from nmt_cli.errors import NmtError
-from nmt_cli.stages import ARCHS, BpeConfig, TrainConfig, train_base
 
 
 def test_precedence_defaults_yaml_cli(tmp_path: Path) -> None:

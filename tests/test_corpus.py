@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from nmt_cli.config.train import train_base
 from nmt_cli.data.dataset import (
     BOS,
     EOS,
@@ -19,7 +20,6 @@ from nmt_cli.data.dataset import (
     filter_by_size,
     shard_batches,
 )
-from nmt_cli.stages import train_base
 from nmt_cli.training import corpus
 from synthetic_binarized import SRC, TGT, build
 

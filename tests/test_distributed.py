@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from nmt_cli.config import resolve
-from nmt_cli.stages import TrainConfig, train_base
+from nmt_cli.config.core import resolve
+from nmt_cli.config.train import TrainConfig, train_base
 from nmt_cli.training.distributed import torchrun_arguments, worker_arguments
 
 

@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from conftest import TINY_TRAIN, assert_user_error, nmt, train_records
+from nmt_cli.config.model import ModelConfig
+from nmt_cli.config.train import TrainConfig, train_base
 from nmt_cli.data.dataset import IndexedDataset
 from nmt_cli.errors import NmtError
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.stages import ModelConfig, TrainConfig, train_base
 from nmt_cli.training import checkpoint, corpus, distributed, guard, train
 from nmt_cli.training.resume import Counters
 from nmt_cli.training.trainlog import TrainLog

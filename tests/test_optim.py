@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from nmt_cli.stages import train_base
+from nmt_cli.config.train import train_base
 from nmt_cli.training.optim import (
     build_optimizer,
     inverse_sqrt_lr,

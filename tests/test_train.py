@@ -18,9 +18,9 @@ import torch
 
 from conftest import TINY_TRAIN, assert_user_error, nmt
 from conftest import train_records as _records
-from nmt_cli.config import read_yaml
+from nmt_cli.config.core import read_yaml
+from nmt_cli.config.model import ModelConfig
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.stages import ModelConfig
 from nmt_cli.training import checkpoint
 
 pytestmark = pytest.mark.slow  # each test trains a small model through the real command line
@@ -221,9 +221,9 @@ def test_validation_bleu_is_what_the_saved_model_translates(data_dir: Path, tmp_
     import sacrebleu
     import sentencepiece as spm
 
+    from nmt_cli.config.inference import TranslateConfig
     from nmt_cli.data.dataset import EOS, IndexedDataset
     from nmt_cli.inference.search import translate_ids
-    from nmt_cli.stages import TranslateConfig
 
     save = tmp_path / "run"
     nmt("train", data_dir, "--save-dir", save, *SMALL, "--nproc", "2", "--max-update", "6",

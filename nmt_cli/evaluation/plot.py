@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from nmt_cli.artifacts import atomic_writer
+from nmt_cli.config.evaluation import PlotConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.stages import PlotConfig
 from nmt_cli.training.trainlog import JSONL
 
 Warn = Callable[[str], None]

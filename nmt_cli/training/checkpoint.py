@@ -31,10 +31,10 @@ from typing import Any
 import torch
 
 from nmt_cli.artifacts import _fsync_dir, atomic_writer
-from nmt_cli.config import build
+from nmt_cli.config.core import build
+from nmt_cli.config.model import ModelConfig
 from nmt_cli.data.dataset import Dictionary
 from nmt_cli.errors import NmtError
-from nmt_cli.stages import ModelConfig
 
 FORMAT = "nmt/1"
 

@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from nmt_cli.artifacts import manifest_languages, read_manifest
+from nmt_cli.config.train import TrainConfig
 from nmt_cli.data.bpe import sentencepiece_processor
 from nmt_cli.data.dataset import Dictionary, IndexedDataset, batch_by_size, epoch_order, filter_by_size
 from nmt_cli.errors import NmtError
-from nmt_cli.stages import TrainConfig
 
 
 @dataclasses.dataclass

@@ -23,9 +23,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from nmt_cli.config import to_dict
+from nmt_cli.config.core import to_dict
+from nmt_cli.config.train import TrainConfig, train_base
 from nmt_cli.errors import NmtError
-from nmt_cli.stages import TrainConfig, train_base
 
 # Fields the launcher hands to torchrun itself; a worker ignores them.
 LAUNCH_FIELDS = ("gpus", "nproc", "nnodes", "node_rank", "rdzv_endpoint", "max_restarts")

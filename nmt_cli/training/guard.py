@@ -56,9 +56,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from nmt_cli.config.train import TrainConfig
 from nmt_cli.data.dataset import PAD
 from nmt_cli.errors import NmtError
-from nmt_cli.stages import TrainConfig
 from nmt_cli.training import corpus, distributed
 from nmt_cli.training.resume import Counters
 

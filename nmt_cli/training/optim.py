@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import torch
 
-from nmt_cli.stages import TrainConfig
+from nmt_cli.config.train import TrainConfig
 
 
 def paper_lr(update: int, d_model: int, warmup_updates: int, scale: float = 1.0) -> float:

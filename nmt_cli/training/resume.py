@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli import __version__
-from nmt_cli.config import to_dict
+from nmt_cli.config.core import to_dict
 from nmt_cli.errors import NmtError
 from nmt_cli.training import checkpoint
 

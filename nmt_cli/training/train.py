@@ -26,11 +26,12 @@ import torch
 from torch import Tensor
 
 from nmt_cli.artifacts import atomic_write_text
-from nmt_cli.config import dump_yaml
+from nmt_cli.config.core import dump_yaml
+from nmt_cli.config.inference import TranslateConfig
+from nmt_cli.config.train import TrainConfig
 from nmt_cli.data.dataset import EOS, PAD, collate
 from nmt_cli.errors import NmtError
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.stages import TrainConfig, TranslateConfig
 from nmt_cli.training import checkpoint, corpus, distributed, guard
 from nmt_cli.training import optim as optim_lib
 from nmt_cli.training.loss import label_smoothed_nll, per_token
