@@ -8,6 +8,6 @@ are grouped as the package is: `data` (prepare, bpe, binarize), `model` (the Tra
 presets), `train` (train, average), `inference` (translate), `evaluation` (score, plot, attention).
 Defaults follow "Attention Is All You Need" (arXiv 1706.03762) unless the help text says otherwise.
 
-May import: `nmt_cli.errors`, PyYAML, Typer and click. Never torch nor any other package of
+May import: `nmt_cli.errors`, PyYAML and (in `options`) Typer. Never torch nor any other package of
 `nmt_cli`: `nmt --help` imports this package and must stay fast.
 """
