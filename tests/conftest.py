@@ -56,7 +56,7 @@ def assert_user_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
 # A model small enough to train a few updates a second, in fp32 so that runs repeat bit for bit.
 TINY_TRAIN = ["--arch", "transformer_tiny", "--precision", "fp32", "--max-tokens", "256",
               "--save-interval-minutes", "0", "--set", "model.d_model=32", "--set", "model.d_ff=64",
-              "--set", "model.heads=2", "--set", "threads=1", "--set", "log_interval=1"]
+              "--set", "model.heads=2", "--set", "threads=1", "--set", "log.interval=1"]
 
 
 @pytest.fixture(scope="session")

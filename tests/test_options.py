@@ -14,6 +14,7 @@ from nmt_cli.cli import COMMANDS
 from nmt_cli.config.core import opt, required
 from nmt_cli.config.data import BpeConfig
 from nmt_cli.config.options import command, parameters
+from nmt_cli.config.train import TrainConfig
 
 
 @dataclasses.dataclass
@@ -46,6 +47,12 @@ def test_only_the_options_given_reach_the_config_as_a_nested_mapping() -> None:
                                  "--set", "inner.hidden=5")
     assert values == {"path": Path("p"), "fast": False, "quiet": True, "inner": {"size": 7}}
     assert (config, sets) == (Path("c.yaml"), ["inner.hidden=5"])
+
+
+def test_the_flags_of_the_train_sections_set_their_fields() -> None:
+    values, _, _ = given(TrainConfig, "bin", "--max-tokens", "5", "--valid-bleu", "--gpus", "2", "--seed", "3")
+    assert values == {"data": Path("bin"), "seed": 3, "batch": {"max_tokens": 5}, "valid": {"bleu": True},
+                      "launch": {"gpus": 2}}
 
 
 def test_fields_without_a_flag_are_not_options() -> None:
