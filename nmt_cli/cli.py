@@ -69,25 +69,17 @@ def fail(error: NmtError) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _resolve(cls: type, config: Path | None, values: dict[str, Any], sets: list[str] | None) -> Any:
-    try:
-        cfg = resolve(cls, config, values, sets)
-        if cls is TrainConfig:  # the arch preset fills `model` first; YAML and command line then override it
-            cfg = resolve(cls, config, values, sets, base=train_base(cfg.arch))
-        return cfg
-    except NmtError as e:
-        raise fail(e) from None
-
-
 def _run(stage: str, values: dict[str, Any], config: Path | None, sets: list[str] | None) -> None:
-    """Resolve `stage`'s config and run its `run(cfg)`; a user error becomes one red message and exit
-    status 2."""
-    cfg = _resolve(COMMANDS[stage][0], config, values, sets)
-    if stage == "translate":
-        # OpenMP threads that spin while waiting burn the time of a core another process needs: with 2
-        # threads on 2 shared cores translation ran 10x slower. Read when torch loads; a user's value wins.
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    """Resolve `stage`'s config from `values` (the options given), the YAML file and the --set items,
+    and call its module's `run(cfg)`; a user error becomes one red message and exit status 2."""
     try:
+        cfg = resolve(COMMANDS[stage][0], config, values, sets)
+        if stage == "train":  # the arch preset fills `model` first; YAML and command line then override it
+            cfg = resolve(TrainConfig, config, values, sets, base=train_base(cfg.arch))
+        if stage == "translate":
+            # OpenMP threads that spin while waiting burn a core another process needs (2 threads on 2
+            # shared cores: translation ran 10x slower). Read when torch loads; a user's value wins.
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         module = importlib.import_module(f"nmt_cli.{STAGE_MODULES[stage]}")
         module.run(cfg)
     except NmtError as e:

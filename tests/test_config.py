@@ -34,7 +34,8 @@ def test_set_overrides_nested_and_converts_types() -> None:
     assert (cfg.batch.max_tokens, cfg.batch.tokens_per_update) == (1000, 20000)
 
 
-@pytest.mark.parametrize("key", ["max_tokens", "validate_interval_updates", "valid_bleu", "log_interval", "gpus"])
+@pytest.mark.parametrize("key", ["max_tokens", "validate_interval_updates", "valid_bleu", "log_interval",
+                                 "gpus"])
 def test_a_flat_key_of_the_old_train_config_names_its_new_place(tmp_path: Path, key: str) -> None:
     new = TrainConfig.RENAMED[key]
     with pytest.raises(NmtError, match=f"the command line: '{key}' is now '{new}'"):

@@ -50,7 +50,8 @@ def test_only_the_options_given_reach_the_config_as_a_nested_mapping() -> None:
 
 
 def test_the_flags_of_the_train_sections_set_their_fields() -> None:
-    values, _, _ = given(TrainConfig, "bin", "--max-tokens", "5", "--valid-bleu", "--gpus", "2", "--seed", "3")
+    values, _, _ = given(TrainConfig, "bin", "--max-tokens", "5", "--valid-bleu", "--gpus", "2",
+                         "--seed", "3")
     assert values == {"data": Path("bin"), "seed": 3, "batch": {"max_tokens": 5}, "valid": {"bleu": True},
                       "launch": {"gpus": 2}}
 

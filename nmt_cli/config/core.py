@@ -34,10 +34,11 @@ def opt(default: Any, help: str, *, flag: str | None = None, short: str | None =
         at_least: float | None = None, above: float | None = None, at_most: float | None = None,
         below: float | None = None) -> Any:
     """A dataclass field with its help text (shown by `nmt CMD --help`), its command-line flag if it
-    has one (``"--max-tokens"``; a bool's ``"--x/--no-x"`` offers both; `short` is ``"-o"``) and, for
-    numbers, the range a value must lie in (each number of a tuple, too)."""
+    has one (``"--name"``; a bool's ``"--x/--no-x"`` offers both; `short` is a dash and a letter) and,
+    for numbers, the range a value must lie in (each number of a tuple, too)."""
     bounds = {"at_least": at_least, "above": above, "at_most": at_most, "below": below}
-    metadata = {"help": help, **_cli(flag, short, False, None), **{k: v for k, v in bounds.items() if v is not None}}
+    bounds = {k: v for k, v in bounds.items() if v is not None}
+    metadata = {"help": help, **_cli(flag, short, False, None), **bounds}
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
         return dataclasses.field(default_factory=lambda: _copy(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -144,12 +145,14 @@ def build(cls: type, layers: list[tuple[str, dict[str, Any]]], base: Any = None,
     for source, mapping in layers:
         for key, raw in mapping.items():
             if not isinstance(key, str):
-                raise NmtError(f"{source}: option names are words, got {key!r}; valid keys: {', '.join(fields)}")
+                raise NmtError(f"{source}: option names are words, got {key!r}; valid keys: "
+                               f"{', '.join(fields)}")
             if key not in values:
                 raise NmtError(_unknown_key(cls, key, source, prefix))
             if dataclasses.is_dataclass(hints[key]):
                 if not isinstance(raw, dict):
-                    raise NmtError(f"{source}: '{prefix}{key}' is a group of options and takes a mapping, got {raw!r}")
+                    raise NmtError(f"{source}: '{prefix}{key}' is a group of options and takes a mapping, "
+                                   f"got {raw!r}")
                 groups.setdefault(key, []).append((source, raw))
             else:
                 values[key] = convert(raw, hints[key], f"{source}: '{prefix}{key}'")

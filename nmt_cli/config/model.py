@@ -16,18 +16,22 @@ class ModelConfig:
     d_model: int = opt(512, "model width d_model", at_least=2)
     d_ff: int = opt(2048, "feed-forward inner width d_ff", at_least=1)
     heads: int = opt(8, "attention heads h (d_k = d_model / h)", at_least=1)
-    dropout: float = opt(0.1, "P_drop on every sub-layer output and on embedding+position sums", at_least=0, below=1)
-    attention_dropout: float = opt(0.0, "dropout on attention weights (not in the paper)", at_least=0, below=1)
-    activation_dropout: float = opt(0.0, "dropout after the feed-forward ReLU (not in the paper)", at_least=0, below=1)
-    max_positions: int = opt(1024, "longest source or target (in tokens, with EOS) the model accepts", at_least=2)
+    dropout: float = opt(0.1, "P_drop on every sub-layer output and on embedding+position sums",
+                         at_least=0, below=1)
+    attention_dropout: float = opt(0.0, "dropout on attention weights (not in the paper)", at_least=0,
+                                   below=1)
+    activation_dropout: float = opt(0.0, "dropout after the feed-forward ReLU (not in the paper)", at_least=0,
+                                    below=1)
+    max_positions: int = opt(1024, "longest source or target (in tokens, with EOS) the model accepts",
+                             at_least=2)
     norm: Literal["post", "pre"] = opt("post", "post-norm (paper) or pre-norm residual blocks")
 
     def __post_init__(self) -> None:
-        """What the Transformer's shapes need: checked here, so that a setting from YAML or --set, or the
-        config inside a model file, is refused with a message instead of failing inside torch."""
+        """What the Transformer's shapes need: checked here, so that a setting from YAML or --set, or
+        the config inside a model file, is refused with a message instead of failing inside torch."""
         if self.heads > 0 and (self.d_model % self.heads or self.d_model % 2):
-            raise NmtError(f"model.d_model ({self.d_model}) must be even (sinusoidal positions) and divisible "
-                           f"by model.heads ({self.heads})")
+            raise NmtError(f"model.d_model ({self.d_model}) must be even (sinusoidal positions) and "
+                           f"divisible by model.heads ({self.heads})")
 
 
 ARCHS: dict[str, ModelConfig] = {

@@ -1,6 +1,6 @@
 """The options of an `nmt` command, generated from its config dataclass.
 
-A field declared with a `flag` (``opt(4096, "...", flag="--max-tokens")``) becomes an option of the
+A field declared with a `flag` (``opt(default, "help", flag="--name")``) becomes an option of the
 command, one declared with ``argument=True`` its positional argument; the help text, with the
 default, is the field's. Fields of nested sections (``TrainConfig.batch.max_tokens``) are options
 too. An option the user did not give is None and leaves the YAML value or the default alone: the
@@ -46,9 +46,10 @@ def parameters(cls: type, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, .
         if dataclasses.is_dataclass(tp):
             found += parameters(tp, where)
         elif field.metadata.get("argument"):
-            info = typer.Argument(help=help_of(field), metavar=field.metadata.get("metavar"), show_default=False,
-                                  **_parser(tp))
-            found.append((where, _parameter(field.name, Annotated[_cli_type(tp), info], inspect.Parameter.empty)))
+            info = typer.Argument(help=help_of(field), metavar=field.metadata.get("metavar"),
+                                  show_default=False, **_parser(tp))
+            annotation = Annotated[_cli_type(tp), info]
+            found.append((where, _parameter(field.name, annotation, inspect.Parameter.empty)))
         elif "flag" in field.metadata:
             flags = [field.metadata["flag"], *filter(None, [field.metadata.get("short")])]
             info = typer.Option(*flags, help=help_of(field), show_default=False, **_parser(tp))
