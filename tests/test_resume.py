@@ -157,8 +157,8 @@ def test_killed_anywhere_the_same_command_resumes_exactly(train_data: Path, tmp_
 def test_a_dead_worker_restarts_the_group_from_the_last_checkpoint(train_data: Path, tmp_path: Path) -> None:
     """--nproc 2 --max-restarts 1: SIGKILL to one worker (not the launcher) makes torchrun restart
     both from checkpoint_last.pt; the run finishes as an uninterrupted one does."""
-    args = [*TINY_TRAIN, "--nproc", "2", "--set", "batch.micro_batches_per_update=1", "--save-interval-updates", "2",
-            "--max-update", "8"]
+    args = [*TINY_TRAIN, "--nproc", "2", "--set", "batch.micro_batches_per_update=1",
+            "--save-interval-updates", "2", "--max-update", "8"]
     reference, run, pids = tmp_path / "reference", tmp_path / "run", tmp_path / "pids"
     pids.mkdir()
     nmt("train", train_data, "--save-dir", reference, *args)

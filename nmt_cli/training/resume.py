@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 
 # Training settings whose change on resume is expected (where the data is, when to stop, how to report
 # and launch); a section stands for all its fields. The model is compared on its own (`apply_resume`).
-_FREE_TO_CHANGE = {"data", "save_dir", "threads", "dry_run", "try_largest_batch", "model", "stop", "checkpoint",
-                   "valid", "log", "guard", "launch"}
+_FREE_TO_CHANGE = {"data", "save_dir", "threads", "dry_run", "try_largest_batch", "model",
+                   "stop", "checkpoint", "valid", "log", "guard", "launch"}
 
 
 @dataclasses.dataclass
