@@ -33,7 +33,7 @@ STAGE_SCRIPT = """
 import json, resource, sys
 from pathlib import Path
 from nmt_cli.data import {stage}
-from nmt_cli.stages import {config}
+from nmt_cli.config.data import {config}
 {stage}.run({config}(**{{k: (Path(v) if k in ("raw", "out", "bpe", "model") and v else v)
                        for k, v in json.loads(sys.argv[1]).items()}}))
 me, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -45,7 +45,7 @@ print(json.dumps({{"main_kib": me.ru_maxrss, "worker_kib": workers.ru_maxrss,
 def make_corpus(out: Path, lines_per_side: int) -> None:
     """A prepare-like folder: train of `lines_per_side` lines; valid/test from newstest2013/2014."""
     from nmt_cli.artifacts import StageOutput, count_lines
-    from nmt_cli.stages import PrepareConfig
+    from nmt_cli.config.data import PrepareConfig
 
     cfg = PrepareConfig(dataset="local", out=out, src_lang="en", tgt_lang="de", train="benchmark")
     with StageOutput(out, "prepare", cfg) as stage:

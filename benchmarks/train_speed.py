@@ -38,8 +38,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nmt_cli.artifacts import StageOutput  # noqa: E402
+from nmt_cli.config.data import BinarizeConfig  # noqa: E402
+from nmt_cli.config.train import BatchConfig, train_base  # noqa: E402
 from nmt_cli.data.dataset import Dictionary, IndexedWriter, token_dtype  # noqa: E402
-from nmt_cli.stages import BinarizeConfig, train_base  # noqa: E402
 from nmt_cli.training import (
     corpus,  # noqa: E402
     distributed,  # noqa: E402
@@ -124,8 +125,8 @@ def attention_flops(split: corpus.Split, batches: list[np.ndarray], d_model: int
 
 def measure(data: Path, precision: str, args: argparse.Namespace) -> dict[str, float]:
     cfg = dataclasses.replace(train_base(args.arch), data=data, save_dir=Path(tempfile.mkdtemp()),
-                              precision=precision, max_tokens=args.max_tokens, micro_batches_per_update=1,
-                              threads=args.threads)
+                              precision=precision, threads=args.threads,
+                              batch=BatchConfig(max_tokens=args.max_tokens, micro_batches_per_update=1))
     trainer = Trainer(cfg, distributed.setup(cfg), corpus.load(cfg), TrainLog(cfg.save_dir, enabled=False))
     split = trainer.data.train
     order = corpus.order_of(split, 1, cfg.seed)

@@ -30,10 +30,10 @@ import sacrebleu
 import sentencepiece as spm
 import torch
 
+from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.inference.replicas import Replicas
 from nmt_cli.inference.search import keep_freed_memory, translate_ids
 from nmt_cli.inference.translate import Translator
-from nmt_cli.stages import TranslateConfig
 from nmt_cli.training import checkpoint
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "wmt14-newstest2014" / "en-de"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from nmt_cli import __version__
-from nmt_cli.config import dump_yaml, to_dict
+from nmt_cli.config.core import dump_yaml, to_dict
 from nmt_cli.errors import NmtError
 
 MANIFEST = "manifest.json"
@@ -71,7 +71,6 @@ def fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
-_fsync_dir = fsync_dir  # removed after the training refactor merges
 
 
 def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:

@@ -26,7 +26,7 @@ usage: run.sh [--model base|big] [--gpus N] [--work DIR] [--stage N] [--until N]
                 several machines: run the same command on each, with its own --node-rank
   --smoke       a minutes-long run of every stage on the CPU (tiny model, a few updates, the
                 first 100 test sentences): checks the recipe end to end; its BLEU means nothing
-  after --       options passed on to 'nmt train' (e.g. --set max_update=50000)
+  after --       options passed on to 'nmt train' (e.g. --set stop.max_update=50000)
 EOF
 }
 
@@ -71,8 +71,8 @@ if [ "$SMOKE" = 1 ]; then
     VOCAB=${SMOKE_VOCAB:-500}
     LAST=2
     TRAIN_ARGS=(--arch transformer_tiny --max-update 6 --tokens-per-update 2000 --max-tokens 1000
-                --save-interval-updates 2 --precision fp32 --set validate_interval_updates=3
-                --set log_interval=1 "${TRAIN_ARGS[@]}")
+                --save-interval-updates 2 --precision fp32 --set valid.interval_updates=3
+                --set log.interval=1 "${TRAIN_ARGS[@]}")
 fi
 CKPT="$WORK/$MODEL"
 TEST_SRC="$WORK/raw/test.$SRC" TEST_REF="$WORK/raw/test.$TGT"

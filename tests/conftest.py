@@ -56,7 +56,7 @@ def assert_user_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
 # A model small enough to train a few updates a second, in fp32 so that runs repeat bit for bit.
 TINY_TRAIN = ["--arch", "transformer_tiny", "--precision", "fp32", "--max-tokens", "256",
               "--save-interval-minutes", "0", "--set", "model.d_model=32", "--set", "model.d_ff=64",
-              "--set", "model.heads=2", "--set", "threads=1", "--set", "log_interval=1"]
+              "--set", "model.heads=2", "--set", "threads=1", "--set", "log.interval=1"]
 
 
 @pytest.fixture(scope="session")
@@ -89,7 +89,7 @@ def make_prepare_folder(out: Path, splits: dict[str, tuple[str, str]], src_lang:
     real `StageOutput`, so its manifest has the layout the next stage reads.
     """
     from nmt_cli.artifacts import StageOutput, count_lines
-    from nmt_cli.stages import PrepareConfig
+    from nmt_cli.config.data import PrepareConfig
 
     cfg = PrepareConfig(dataset="local", out=out, src_lang=src_lang, tgt_lang=tgt_lang, train="train",
                         valid="valid", test="test" if "test" in splits else None)
@@ -189,9 +189,9 @@ def tiny_trained_model(tmp_path_factory: pytest.TempPathFactory, toy_spm) -> Pat
     import torch
     import torch.nn.functional as F
 
+    from nmt_cli.config.model import ModelConfig
     from nmt_cli.data.dataset import BOS, EOS, PAD
     from nmt_cli.model.transformer import Transformer
-    from nmt_cli.stages import ModelConfig
 
     spm_bytes, dictionary = toy_spm
     sp = spm.SentencePieceProcessor(model_proto=spm_bytes)

@@ -255,7 +255,7 @@ def model_files(good: Path, folder: Path, marker: Path) -> dict[str, Path]:
 
 def yaml_files(folder: Path, number_field: str | None, path_field: str) -> dict[str, Path]:
     """Hostile YAML configs by name, for a command with the numeric option `number_field` (None: it
-    has none) and the path option `path_field`."""
+    has none; one level of section at most) and the path option `path_field`."""
     folder.mkdir(parents=True, exist_ok=True)
     texts: dict[str, bytes] = {
         "a_list": b"- one\n- two\n",
@@ -265,9 +265,11 @@ def yaml_files(folder: Path, number_field: str | None, path_field: str) -> dict[
         "invalid_utf8": b"key: \xff\xfe\n",
         "path_given_a_mapping": f"{path_field}: {{a: 1}}\n".encode(),
     }
-    if number_field is not None:
-        texts |= {"wrong_type": f"{number_field}: lots\n".encode(), "nan": f"{number_field}: .nan\n".encode(),
-                  "out_of_range": f"{number_field}: -5\n".encode()}
+    if number_field is not None:  # a dotted field (batch.max_tokens) is a key of its section
+        *section, key = number_field.split(".")
+        line = "".join(f"{part}:\n  " for part in section) + key + ": {}\n"
+        texts |= {"wrong_type": line.format("lots").encode(), "nan": line.format(".nan").encode(),
+                  "out_of_range": line.format(-5).encode()}
     paths = {}
     for name, text in texts.items():
         paths[name] = folder / f"{name}.yaml"

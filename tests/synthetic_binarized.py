@@ -17,8 +17,8 @@ import numpy as np
 import sentencepiece as spm
 
 from nmt_cli.artifacts import StageOutput
+from nmt_cli.config.data import BinarizeConfig
 from nmt_cli.data.dataset import Dictionary, IndexedWriter, token_dtype
-from nmt_cli.stages import BinarizeConfig
 
 SRC, TGT = "xx", "yy"
 

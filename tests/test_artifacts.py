@@ -8,8 +8,8 @@ import pytest
 
 from conftest import make_prepare_folder
 from nmt_cli.artifacts import StageOutput, is_done, read_manifest
+from nmt_cli.config.data import BpeConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.stages import BpeConfig
 
 
 def _bpe_folder(out: Path, raw: Path, cfg: BpeConfig) -> None:

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from conftest import assert_user_error, nmt
+from nmt_cli.config.model import ModelConfig
 from nmt_cli.data.dataset import BOS, EOS, PAD
 from nmt_cli.evaluation.attention_maps import (
     attention_maps,
@@ -26,7 +27,6 @@ from nmt_cli.evaluation.attention_maps import (
     token_label,
 )
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.stages import ModelConfig
 from nmt_cli.training import checkpoint
 
 VOCAB = 40

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from conftest import assert_user_error, nmt, save_model_file
+from nmt_cli.config.model import ModelConfig
+from nmt_cli.config.train import AverageConfig
 from nmt_cli.data.dataset import Dictionary
 from nmt_cli.errors import NmtError
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.stages import AverageConfig, ModelConfig
 from nmt_cli.training import checkpoint
 from nmt_cli.training.average import average_states, run
 

@@ -12,9 +12,9 @@ import sentencepiece as spm
 
 from conftest import MULTI30K_SPLITS, assert_user_error, make_prepare_folder, nmt
 from nmt_cli.artifacts import read_lines
+from nmt_cli.config.data import BinarizeConfig
 from nmt_cli.data import binarize, streaming
 from nmt_cli.data.dataset import SPECIALS, UNK, Dictionary, IndexedDataset
-from nmt_cli.stages import BinarizeConfig
 
 
 def test_every_line_reads_back_as_its_text(multi30k_raw: Path, multi30k_bin: Path) -> None:

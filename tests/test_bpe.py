@@ -10,8 +10,8 @@ import sentencepiece as spm
 
 from conftest import MULTI30K_SPLITS, assert_user_error, make_prepare_folder, nmt
 from nmt_cli.artifacts import read_lines, sha256_file
+from nmt_cli.config.data import BpeConfig
 from nmt_cli.data import bpe, streaming
-from nmt_cli.stages import BpeConfig
 
 
 def test_every_line_becomes_its_sentencepiece_pieces(multi30k_raw: Path, multi30k_bpe: Path) -> None:

@@ -14,9 +14,9 @@ import torch
 
 import nmt_cli
 from conftest import assert_user_error, nmt, save_model_file
+from nmt_cli.config.model import ModelConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.stages import ModelConfig
 from nmt_cli.training import checkpoint
 from nmt_cli.training.checkpoint import BEST, LAST
 

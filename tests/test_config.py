@@ -5,9 +5,11 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_user_error, nmt
-from nmt_cli.config import dump_yaml, read_yaml, resolve
+from nmt_cli.config.core import dump_yaml, flatten, read_yaml, resolve, to_dict
+from nmt_cli.config.data import BpeConfig
+from nmt_cli.config.model import ARCHS
+from nmt_cli.config.train import TrainConfig, train_base
 from nmt_cli.errors import NmtError
-from nmt_cli.stages import ARCHS, BpeConfig, TrainConfig, train_base
 
 
 def test_precedence_defaults_yaml_cli(tmp_path: Path) -> None:
@@ -22,12 +24,32 @@ def test_precedence_defaults_yaml_cli(tmp_path: Path) -> None:
 
 
 def test_set_overrides_nested_and_converts_types() -> None:
-    cfg = resolve(TrainConfig, None, {"data": "d", "save_dir": "s"},
-                  ["model.dropout=0.3", "adam_betas=0.9,0.997", "valid_bleu=yes", "lr=5e-4"],
+    cfg = resolve(TrainConfig, None, {"data": "d", "save_dir": "s", "batch": {"max_tokens": 1000}},
+                  ["model.dropout=0.3", "optim.adam_betas=0.9,0.997", "valid.bleu=yes", "optim.lr=5e-4",
+                   "batch.tokens_per_update=2e4"],
                   base=train_base("transformer_big"))
     assert cfg.model.dropout == 0.3 and cfg.model.d_model == ARCHS["transformer_big"].d_model
-    assert cfg.adam_betas == (0.9, 0.997)
-    assert cfg.valid_bleu is True and cfg.lr == 5e-4
+    assert cfg.optim.adam_betas == (0.9, 0.997)
+    assert cfg.valid.bleu is True and cfg.optim.lr == 5e-4
+    assert (cfg.batch.max_tokens, cfg.batch.tokens_per_update) == (1000, 20000)
+
+
+@pytest.mark.parametrize("key", ["max_tokens", "validate_interval_updates", "valid_bleu", "log_interval",
+                                 "gpus"])
+def test_a_flat_key_of_the_old_train_config_names_its_new_place(tmp_path: Path, key: str) -> None:
+    new = TrainConfig.RENAMED[key]
+    with pytest.raises(NmtError, match=f"the command line: '{key}' is now '{new}'"):
+        resolve(TrainConfig, None, {"data": "d", "save_dir": "s"}, [f"{key}=1"])
+    yaml_file = tmp_path / "old.yaml"
+    yaml_file.write_text(f"{key}: 1\n")
+    with pytest.raises(NmtError, match=f"{yaml_file}: '{key}' is now '{new}'"):
+        resolve(TrainConfig, yaml_file, {"data": "d", "save_dir": "s"})
+
+
+def test_every_renamed_key_has_a_field_at_its_new_place() -> None:
+    fields = set(flatten(to_dict(train_base("transformer_base"))))
+    assert set(TrainConfig.RENAMED.values()) <= fields
+    assert not set(TrainConfig.RENAMED) & fields  # an old name is no longer a key of its own
 
 
 def test_unknown_key_names_the_closest(tmp_path: Path) -> None:
@@ -55,11 +77,11 @@ def test_yaml_with_wrong_types_is_refused(tmp_path: Path, text: str, message: st
 
 
 @pytest.mark.parametrize("sets, message", [
-    (["lr=nan"], "'lr' must be a finite number"),
-    (["max_time_hours=inf"], "finite"),
-    (["max_tokens=0"], "'max_tokens' must be at least 1; got 0"),
+    (["optim.lr=nan"], "'optim.lr' must be a finite number"),
+    (["stop.max_time_hours=inf"], "finite"),
+    (["batch.max_tokens=0"], "'batch.max_tokens' must be at least 1; got 0"),
     (["model.dropout=1"], "'model.dropout' must be below 1"),
-    (["adam_betas=0.9,1.5"], "'adam_betas' must be below 1"),
+    (["optim.adam_betas=0.9,1.5"], "'optim.adam_betas' must be below 1"),
     (["model.heads=3"], "divisible by model.heads"),
     (["model.d_model=25", "model.heads=5"], "must be even"),
 ])
@@ -84,8 +106,11 @@ def test_literal_choices_are_checked() -> None:
 
 
 def test_resolved_config_round_trips(tmp_path: Path) -> None:
-    cfg = resolve(TrainConfig, None, {"data": "d", "save_dir": "s"}, ["model.norm=pre"], base=train_base("transformer_tiny"))
+    cfg = resolve(TrainConfig, None, {"data": "d", "save_dir": "s"}, ["model.norm=pre", "optim.lr=1e-3"],
+                  base=train_base("transformer_tiny"))
     (tmp_path / "c.yaml").write_text(dump_yaml(cfg))
+    written = read_yaml(tmp_path / "c.yaml")
+    assert written["optim"]["lr"] == 1e-3 and written["batch"]["max_tokens"] == 4096  # in sections
     again = resolve(TrainConfig, tmp_path / "c.yaml", {})
     assert again == cfg
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from nmt_cli.config.train import BatchConfig, train_base
 from nmt_cli.data.dataset import (
     BOS,
     EOS,
@@ -19,7 +20,6 @@ from nmt_cli.data.dataset import (
     filter_by_size,
     shard_batches,
 )
-from nmt_cli.stages import train_base
 from nmt_cli.training import corpus
 from synthetic_binarized import SRC, TGT, build
 
@@ -59,7 +59,7 @@ def test_rank_shares_are_disjoint_and_complete() -> None:
 
 
 def test_updates_deal_the_epoch_like_shard_batches_with_dummies_at_the_end(data_dir: Path) -> None:
-    data = corpus.load(_cfg(data_dir, max_tokens=64))
+    data = corpus.load(_cfg(data_dir, batch=BatchConfig(max_tokens=64)))
     split, world, M = data.train, 3, 2
     n = len(split.batches)
     order = corpus.order_of(split, 1, seed=1)
@@ -88,17 +88,17 @@ def test_long_examples_are_skipped_and_counted(data_dir: Path) -> None:
 
 
 def test_accumulation_follows_tokens_per_update_and_devices(data_dir: Path) -> None:
-    cfg = _cfg(data_dir, max_tokens=128)
+    cfg = _cfg(data_dir, batch=BatchConfig(max_tokens=128))
     split = corpus.load(cfg).train
     mean = split.tgt_tokens.mean()
-    cfg.tokens_per_update = int(8 * mean)
-    assert corpus.micro_batches_per_update(cfg, split, 1) == 8
-    assert corpus.micro_batches_per_update(cfg, split, 2) == 4
-    assert corpus.micro_batches_per_update(cfg, split, 16) == 1
-    cfg.tokens_per_update = 10**9  # more than the epoch holds: one update = the whole epoch
-    assert corpus.micro_batches_per_update(cfg, split, 2) == math.ceil(len(split.batches) / 2)
-    cfg.micro_batches_per_update = 3
-    assert corpus.micro_batches_per_update(cfg, split, 2) == 3
+    cfg.batch.tokens_per_update = int(8 * mean)
+    assert corpus.micro_batches_per_update(cfg.batch, split, 1) == 8
+    assert corpus.micro_batches_per_update(cfg.batch, split, 2) == 4
+    assert corpus.micro_batches_per_update(cfg.batch, split, 16) == 1
+    cfg.batch.tokens_per_update = 10**9  # more than the epoch holds: one update = the whole epoch
+    assert corpus.micro_batches_per_update(cfg.batch, split, 2) == math.ceil(len(split.batches) / 2)
+    cfg.batch.micro_batches_per_update = 3
+    assert corpus.micro_batches_per_update(cfg.batch, split, 2) == 3
 
 
 def test_collate_places_bos_eos_and_padding(data_dir: Path) -> None:

@@ -14,15 +14,16 @@ import pytest
 import torch
 
 from conftest import TINY_TRAIN, assert_user_error, nmt, train_records
+from nmt_cli.config.model import ModelConfig
+from nmt_cli.config.train import BatchConfig, GuardConfig, OptimConfig, TrainConfig, train_base
 from nmt_cli.data.dataset import IndexedDataset
 from nmt_cli.errors import NmtError
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.stages import ModelConfig, TrainConfig, train_base
 from nmt_cli.training import checkpoint, corpus, distributed, guard, train
 from nmt_cli.training.resume import Counters
 from nmt_cli.training.trainlog import TrainLog
 
-TWO_RANKS = [*TINY_TRAIN, "--nproc", "2", "--set", "micro_batches_per_update=1"]
+TWO_RANKS = [*TINY_TRAIN, "--nproc", "2", "--set", "batch.micro_batches_per_update=1"]
 
 
 def _last_parameter() -> str:
@@ -103,7 +104,8 @@ def test_the_first_nonfinite_value_in_module_order_is_named() -> None:
 
 
 def test_out_of_memory_share_and_the_stop_message() -> None:
-    cfg = TrainConfig(data=Path("bin"), save_dir=Path("run"), max_tokens=4096, max_oom_fraction=0.02)
+    cfg = TrainConfig(data=Path("bin"), save_dir=Path("run"), batch=BatchConfig(max_tokens=4096),
+                      guard=GuardConfig(max_oom_fraction=0.02))
     guard.check_out_of_memory(cfg, Counters(oom_micro_batches=1, micro_batches=2), 10)  # one alone never stops
     guard.check_out_of_memory(cfg, Counters(oom_micro_batches=2, micro_batches=200), 10)
     with pytest.raises(NmtError, match=r"3 of 100 micro-batches .* --max-tokens \(now 4096.*checkpoint_last.pt "
@@ -138,7 +140,7 @@ def test_a_nan_on_one_rank_is_skipped_on_both(train_data: Path, tmp_path: Path) 
 @pytest.mark.slow
 def test_nonfinite_updates_in_a_row_stop_with_the_place_and_the_checkpoint(train_data: Path, tmp_path: Path) -> None:
     proc = nmt("train", train_data, "--save-dir", tmp_path / "run", *TWO_RANKS, "--max-update", "20",
-               "--save-interval-updates", "2", "--set", "max_bad_updates=2",
+               "--save-interval-updates", "2", "--set", "guard.max_bad_updates=2",
                env={"NMT_TEST_FAULTS": "grad@5-100/1"}, check=False)
     assert_user_error(proc, "update 5: 3 updates in a row were skipped for non-finite values",
                       "non-finite gradients on 1 of 2 rank(s)", f"{_last_parameter()} (its gradient) on rank 1",
@@ -146,7 +148,7 @@ def test_nonfinite_updates_in_a_row_stop_with_the_place_and_the_checkpoint(train
     assert [r["update"] for r in train_records(tmp_path / "run")] == [1, 2, 3, 4]
 
     alone = nmt("train", train_data, "--save-dir", tmp_path / "alone", *TINY_TRAIN, "--max-update", "20",
-                "--set", "max_bad_updates=1", env={"NMT_TEST_FAULTS": "loss@3-100"}, check=False)
+                "--set", "guard.max_bad_updates=1", env={"NMT_TEST_FAULTS": "loss@3-100"}, check=False)
     assert_user_error(alone, "update 3: 2 updates in a row", "the loss itself was", "no checkpoint was saved yet")
 
 
@@ -157,7 +159,7 @@ def test_fp16_overflow_shrinks_the_scale_on_every_rank_and_a_floor_stops(train_d
     on from attempt 8, the scale falls below the floor and the run stops."""
     save = tmp_path / "run"
     proc = nmt("train", train_data, "--save-dir", save, *TWO_RANKS, "--precision", "fp16", "--save-interval-updates",
-               "5", "--max-update", "20", "--set", "min_loss_scale=5000",
+               "5", "--max-update", "20", "--set", "guard.min_loss_scale=5000",
                env={"NMT_TEST_FAULTS": "grad@3-4/1 grad@8-100/1"}, check=False)
     assert_user_error(proc, "update 6: the fp16 loss scale fell to 4096, below min_loss_scale=5000",
                       "--precision bf16", "checkpoint_last.pt (update 5)")
@@ -180,8 +182,8 @@ def test_out_of_memory_micro_batches_are_skipped_and_the_rest_trained(train_data
     logs.mkdir()
     faults = "oom@2.2/1 oom@4.1/0 oom-backward@5.1/1"
     proc = nmt("train", train_data, "--save-dir", tmp_path / "run", *TINY_TRAIN, "--nproc", "2",
-               "--set", "micro_batches_per_update=2", "--max-update", "6", "--save-interval-updates", "6",
-               "--set", "max_oom_fraction=0.5", env={"NMT_TEST_FAULTS": faults, "NMT_TEST_EXAMPLE_LOG": str(logs)})
+               "--set", "batch.micro_batches_per_update=2", "--max-update", "6", "--save-interval-updates", "6",
+               "--set", "guard.max_oom_fraction=0.5", env={"NMT_TEST_FAULTS": faults, "NMT_TEST_EXAMPLE_LOG": str(logs)})
     for update in (2, 4, 5):
         assert f"update {update}: 1 micro-batch(es) ran out of memory and were skipped" in proc.stderr, proc.stderr
     records = train_records(tmp_path / "run")
@@ -199,7 +201,8 @@ def test_out_of_memory_micro_batches_are_skipped_and_the_rest_trained(train_data
 
 def _trainer(train_data: Path, tmp_path: Path) -> train.Trainer:
     cfg = dataclasses.replace(train_base("transformer_tiny"), data=train_data, save_dir=tmp_path, precision="fp32",
-                              max_tokens=256, lr_schedule="inverse_sqrt", lr=1e-3, warmup_updates=0, max_oom_fraction=1.0,
+                              batch=BatchConfig(max_tokens=256), guard=GuardConfig(max_oom_fraction=1.0),
+                              optim=OptimConfig(lr_schedule="inverse_sqrt", lr=1e-3, warmup_updates=0),
                               model=ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=2,
                                                 dropout=0.0))
     return train.Trainer(cfg, distributed.Context(0, 1, 0, torch.device("cpu")), corpus.load(cfg),
@@ -235,7 +238,7 @@ def test_a_dropped_micro_batch_leaves_nothing_in_the_update(train_data: Path, tm
 
 @pytest.mark.slow
 def test_too_many_out_of_memory_micro_batches_stop_naming_max_tokens(train_data: Path, tmp_path: Path) -> None:
-    proc = nmt("train", train_data, "--save-dir", tmp_path / "run", *TINY_TRAIN, "--set", "micro_batches_per_update=2",
+    proc = nmt("train", train_data, "--save-dir", tmp_path / "run", *TINY_TRAIN, "--set", "batch.micro_batches_per_update=2",
                "--max-update", "10", env={"NMT_TEST_FAULTS": "oom@1-100"}, check=False)
     assert_user_error(proc, "update 1: 2 of 2 micro-batches so far ran out of memory", "max_oom_fraction=0.02",
                       "Lower --max-tokens (now 256")
@@ -254,7 +257,8 @@ def test_dry_run_tries_the_largest_batch(train_data: Path, tmp_path: Path, monke
     args = ["train", train_data, "--save-dir", tmp_path / "run", *TINY_TRAIN, "--dry-run", "--try-largest-batch"]
     assert "largest batch: fits on cpu" in nmt(*args).stdout
     cfg = dataclasses.replace(train_base("transformer_tiny"), data=train_data, save_dir=tmp_path / "run",
-                              precision="fp32", max_tokens=256, dry_run=True, try_largest_batch=True,
+                              precision="fp32", batch=BatchConfig(max_tokens=256), dry_run=True,
+                              try_largest_batch=True,
                               model=ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=2))
     monkeypatch.setenv("NMT_TEST_FAULTS", "oom@0")
     with pytest.raises(NmtError, match="does not fit in the memory of cpu .* lower --max-tokens"):

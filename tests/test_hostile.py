@@ -47,7 +47,7 @@ SRC, TGT = "en", "de"
 TINY = ["--arch", "transformer_tiny", "--set", "model.d_model=32", "--set", "model.heads=2", "--set",
         "model.d_ff=64", "--set", "model.encoder_layers=1", "--set", "model.decoder_layers=1", "--set",
         "model.max_positions=64", "--max-tokens", 256, "--tokens-per-update", 256, "--save-interval-minutes", 0,
-        "--set", "validate_interval_updates=0", "--set", "threads=1"]
+        "--set", "valid.interval_updates=0", "--set", "threads=1"]
 
 
 def invoke(*args: object) -> tuple[int, str]:
@@ -363,7 +363,7 @@ for model in ("garbage", "truncated", "pickle_with_code", "foreign_torch_file", 
     refused("train", f"save_dir_with_{model}", save_dir_holding(model), "none can be resumed from")
 works("train", "huge_line", train_on_huge_line, lambda w, out, printed: (
     "(1 skipped as too long)" in printed or pytest.fail(printed)))
-yaml_cases("train", "max_tokens", "save_dir", lambda w, tmp: train_args(w.bin, tmp))
+yaml_cases("train", "batch.max_tokens", "save_dir", lambda w, tmp: train_args(w.bin, tmp))
 
 
 # -- average --------------------------------------------------------------------------------------

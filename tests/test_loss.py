@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from nmt_cli.config.model import ModelConfig
 from nmt_cli.data.dataset import BOS, EOS, PAD
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.stages import ModelConfig
 from nmt_cli.training.loss import label_smoothed_nll
 from nmt_cli.training.train import micro_batch_loss
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from nmt_cli.config.model import ARCHS, ModelConfig
 from nmt_cli.data.dataset import BOS, EOS, PAD
 from nmt_cli.model.transformer import Transformer, count_parameters
-from nmt_cli.stages import ARCHS, ModelConfig
 
 VOCAB = 50
 SMALL = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.1)

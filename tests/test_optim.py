@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from nmt_cli.stages import train_base
+from nmt_cli.config.train import train_base
 from nmt_cli.training.optim import (
     build_optimizer,
     inverse_sqrt_lr,
@@ -46,11 +46,11 @@ def test_inverse_sqrt_schedule() -> None:
 
 def test_config_picks_the_schedule_and_adam_follows_the_paper() -> None:
     cfg = train_base("transformer_big")
-    assert learning_rate(cfg, 100) == paper_lr(100, 1024, 4000)
-    assert peak_learning_rate(cfg) == pytest.approx(1024**-0.5 * 4000**-0.5)
-    fairseq = dataclasses.replace(cfg, lr_schedule="inverse_sqrt", lr=5e-4)
-    assert learning_rate(fairseq, 16000) == pytest.approx(2.5e-4)
-    optimizer = build_optimizer([torch.nn.Parameter(torch.zeros(2))], cfg)
+    assert learning_rate(cfg.optim, cfg.model.d_model, 100) == paper_lr(100, 1024, 4000)
+    assert peak_learning_rate(cfg.optim, cfg.model.d_model) == pytest.approx(1024**-0.5 * 4000**-0.5)
+    fairseq = dataclasses.replace(cfg.optim, lr_schedule="inverse_sqrt", lr=5e-4)
+    assert learning_rate(fairseq, cfg.model.d_model, 16000) == pytest.approx(2.5e-4)
+    optimizer = build_optimizer([torch.nn.Parameter(torch.zeros(2))], cfg.optim)
     assert type(optimizer) is torch.optim.Adam
     assert optimizer.defaults["betas"] == (0.9, 0.98) and optimizer.defaults["eps"] == 1e-9
     assert optimizer.defaults["weight_decay"] == 0

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.slow
 # with a warm-up scaled to the run.
 TRAIN = ["--arch", "transformer_tiny", "--max-update", "700", "--tokens-per-update", "4000", "--max-tokens", "4000",
          "--save-interval-minutes", "0", "--save-interval-updates", "100", "--keep-last", "3",
-         "--set", "warmup_updates=400", "--set", "validate_interval_updates=100", "--set", "log_interval=50",
-         "--valid-bleu", "--set", "valid_bleu_sentences=200", "--device", "cpu"]
+         "--set", "optim.warmup_updates=400", "--set", "valid.interval_updates=100",
+         "--set", "log.interval=50", "--valid-bleu", "--set", "valid.bleu_sentences=200", "--device", "cpu"]
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from synthetic_binarized import build
 
 TINY = ["--arch", "transformer_tiny", "--precision", "fp32", "--max-tokens", "256",
         "--save-interval-minutes", "0", "--set", "model.d_model=32", "--set", "model.d_ff=64",
-        "--set", "model.heads=2", "--set", "threads=1", "--set", "log_interval=1", "--max-update", "6",
+        "--set", "model.heads=2", "--set", "threads=1", "--set", "log.interval=1", "--max-update", "6",
         "--save-interval-updates", "3"]
 
 
@@ -28,7 +28,7 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     data = build(root / "bin", train=120, valid=20)
     nmt("train", data, "--save-dir", root / "base", *TINY)
     nmt("train", data, "--save-dir", root / "bleu", *TINY, "--seed", "2", "--valid-bleu",
-        "--set", "valid_bleu_sentences=10")
+        "--set", "valid.bleu_sentences=10")
     return root / "base", root / "bleu"
 
 

@@ -16,11 +16,11 @@ from sacremoses import MosesPunctNormalizer
 from conftest import assert_user_error, nmt
 from fake_statmt import FakeStatmt, checksums_file, read_lines, wmt14_archives
 from nmt_cli.artifacts import read_manifest
+from nmt_cli.config.data import PrepareConfig
 from nmt_cli.data import prepare
 from nmt_cli.data.clean import Cleaner, Options, normalize_punctuation, read_chunks
 from nmt_cli.data.wmt import clean_segment, sgml_segments
 from nmt_cli.errors import NmtError
-from nmt_cli.stages import PrepareConfig
 
 EUROPARL, COMMONCRAWL = "/wmt13/training-parallel-europarl-v7.tgz", "/wmt13/training-parallel-commoncrawl.tgz"
 NEWS_COMMENTARY, TEST_FULL = "/wmt14/training-parallel-nc-v9.tgz", "/wmt14/test-full.tgz"

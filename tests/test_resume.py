@@ -4,6 +4,7 @@ one checkpoint interval per kill. Also when torchrun restarts a worker group aft
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -13,20 +14,22 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from conftest import TINY_TRAIN, nmt
+from nmt_cli.config.core import flatten, to_dict
+from nmt_cli.config.train import TrainConfig, train_base
 from nmt_cli.training import checkpoint
 from nmt_cli.training.checkpoint import BEST, LAST
-
-pytestmark = pytest.mark.slow
+from nmt_cli.training.resume import _changed_settings, stored_settings
 
 SAVE_EVERY = 3
 # 4 updates per epoch (8 batches, 2 per update), a checkpoint every 3 updates, a log line every 2: the
 # kills land mid-epoch, mid-log-interval and at epoch ends.
-SOAK = [*TINY_TRAIN, "--set", "micro_batches_per_update=2", "--set", "log_interval=2",
+SOAK = [*TINY_TRAIN, "--set", "batch.micro_batches_per_update=2", "--set", "log.interval=2",
         "--save-interval-updates", str(SAVE_EVERY), "--max-update", "30"]
 WALL_CLOCK = {"tokens_per_second", "wall_seconds"}  # the only fields allowed to differ
 
@@ -105,6 +108,7 @@ def _window_hit(save_dir: Path, event: str) -> bool:
     return event in ("log", "time")
 
 
+@pytest.mark.slow
 def test_killed_anywhere_the_same_command_resumes_exactly(train_data: Path, tmp_path: Path) -> None:
     """Up to seven SIGKILLs in an order and at times drawn from a seeded RNG: inside checkpoint writes,
     between a numbered checkpoint and checkpoint_last.pt, right after a log append, then at random
@@ -149,11 +153,12 @@ def test_killed_anywhere_the_same_command_resumes_exactly(train_data: Path, tmp_
     assert not list(soak.glob(".*.tmp"))
 
 
+@pytest.mark.slow
 def test_a_dead_worker_restarts_the_group_from_the_last_checkpoint(train_data: Path, tmp_path: Path) -> None:
     """--nproc 2 --max-restarts 1: SIGKILL to one worker (not the launcher) makes torchrun restart
     both from checkpoint_last.pt; the run finishes as an uninterrupted one does."""
-    args = [*TINY_TRAIN, "--nproc", "2", "--set", "micro_batches_per_update=1", "--save-interval-updates", "2",
-            "--max-update", "8"]
+    args = [*TINY_TRAIN, "--nproc", "2", "--set", "batch.micro_batches_per_update=1",
+            "--save-interval-updates", "2", "--max-update", "8"]
     reference, run, pids = tmp_path / "reference", tmp_path / "run", tmp_path / "pids"
     pids.mkdir()
     nmt("train", train_data, "--save-dir", reference, *args)
@@ -176,3 +181,20 @@ def test_a_dead_worker_restarts_the_group_from_the_last_checkpoint(train_data: P
     assert re.search(r"resuming from \S+ at update [2-8]", output), output
     assert "Traceback" not in output, output
     _assert_same_training(reference, run)
+
+
+def test_a_checkpoint_with_the_flat_train_config_of_old_resumes_under_the_new_names() -> None:
+    """Checkpoints written before TrainConfig had sections hold it flat (max_tokens, valid_bleu, ...):
+    resuming reads their keys under the new names, so only a real change is reported."""
+    cfg = dataclasses.replace(train_base("transformer_tiny"), data=Path("bin"), save_dir=Path("run"))
+    now, old_name = to_dict(cfg), {new: old for old, new in TrainConfig.RENAMED.items()}
+    flat = {"model": now["model"]} | {old_name.get(k, k): v for k, v in flatten(now).items()
+                                      if not k.startswith("model.")}
+    assert "max_tokens" in flat and "valid_bleu" in flat and "batch" not in flat
+    assert stored_settings(flat) == flatten(now)
+    trainer = SimpleNamespace(cfg=cfg, micro_batches=2, ctx=SimpleNamespace(world_size=1), precision="fp32")
+    state = {"config": flat, "micro_batches_per_update": 2, "world_size": 1, "precision": "fp32"}
+    assert _changed_settings(trainer, state) == []
+    flat |= {"lr": 1.0, "max_update": 5, "valid_bleu": True}  # when to stop and validate may change freely
+    notes = _changed_settings(trainer, state)
+    assert len(notes) == 1 and "(optim.lr: 1.0 vs 0.0007)" in notes[0], notes

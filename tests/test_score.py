@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_user_error, nmt
+from nmt_cli.config.evaluation import ScoreConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.evaluation.score import compute_scores, paper_tokenize, run, split_compounds, tokenized_bleu
-from nmt_cli.stages import ScoreConfig
 
 
 def perturb(lines: list[str], seed: int) -> list[str]:

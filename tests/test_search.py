@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from conftest import why_torch_compile_cannot_run
+from nmt_cli.config.inference import TranslateConfig
+from nmt_cli.config.model import ModelConfig
 from nmt_cli.data.dataset import BOS, EOS, PAD
 from nmt_cli.inference import search
 from nmt_cli.inference.search import (
@@ -26,7 +28,6 @@ from nmt_cli.inference.search import (
     translate_ids,
 )
 from nmt_cli.model.transformer import Transformer, _group_size, best_tokens
-from nmt_cli.stages import ModelConfig, TranslateConfig
 from nmt_cli.training import checkpoint
 
 TINY = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0, max_positions=64)

@@ -18,9 +18,9 @@ import torch
 
 from conftest import TINY_TRAIN, assert_user_error, nmt
 from conftest import train_records as _records
-from nmt_cli.config import read_yaml
+from nmt_cli.config.core import read_yaml
+from nmt_cli.config.model import ModelConfig
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.stages import ModelConfig
 from nmt_cli.training import checkpoint
 
 pytestmark = pytest.mark.slow  # each test trains a small model through the real command line
@@ -66,7 +66,7 @@ def test_training_writes_checkpoints_log_and_config(data_dir: Path, tmp_path: Pa
         assert field in train[0]
     assert [r["update"] for r in valid] == [2, 4, 6] and all("ppl" in r for r in valid)
     config = read_yaml(save / "config.yaml")
-    assert config["max_update"] == 6 and config["model"]["d_model"] == 32
+    assert config["stop"]["max_update"] == 6 and config["model"]["d_model"] == 32
 
 
 def test_resume_continues_exactly(data_dir: Path, tmp_path: Path) -> None:
@@ -180,13 +180,13 @@ def test_two_gloo_workers_equal_one_worker_with_twice_the_accumulation(data_dir:
     Gradients meet through gloo's all-reduce instead of local accumulation, so the weights are held
     to 1e-5 (absolute and relative); with two ranks they have come out bit-identical."""
     args = [*SMALL, "--set", "model.dropout=0", "--max-update", "0", "--max-epoch", "1",
-            "--set", "lr_schedule=inverse_sqrt", "--set", "lr=1e-3", "--set", "warmup_updates=0"]
+            "--set", "optim.lr_schedule=inverse_sqrt", "--set", "optim.lr=1e-3", "--set", "optim.warmup_updates=0"]
     logs = {name: tmp_path / f"ids-{name}" for name in ("two", "one")}
     for folder in logs.values():
         folder.mkdir()
     nmt("train", data_dir, "--save-dir", tmp_path / "two", *args, "--nproc", "2",
-        "--set", "micro_batches_per_update=1", env={"NMT_TEST_EXAMPLE_LOG": str(logs["two"])})
-    nmt("train", data_dir, "--save-dir", tmp_path / "one", *args, "--set", "micro_batches_per_update=2",
+        "--set", "batch.micro_batches_per_update=1", env={"NMT_TEST_EXAMPLE_LOG": str(logs["two"])})
+    nmt("train", data_dir, "--save-dir", tmp_path / "one", *args, "--set", "batch.micro_batches_per_update=2",
         env={"NMT_TEST_EXAMPLE_LOG": str(logs["one"])})
     two, one = (checkpoint.load(tmp_path / d / "checkpoint_last.pt") for d in ("two", "one"))
     assert two["train"]["world_size"] == 2 and len(two["train"]["rng"]) == 2
@@ -221,14 +221,14 @@ def test_validation_bleu_is_what_the_saved_model_translates(data_dir: Path, tmp_
     import sacrebleu
     import sentencepiece as spm
 
+    from nmt_cli.config.inference import TranslateConfig
     from nmt_cli.data.dataset import EOS, IndexedDataset
     from nmt_cli.inference.search import translate_ids
-    from nmt_cli.stages import TranslateConfig
 
     save = tmp_path / "run"
     nmt("train", data_dir, "--save-dir", save, *SMALL, "--nproc", "2", "--max-update", "6",
-        "--save-interval-updates", "3", "--valid-bleu", "--set", "valid_bleu_sentences=20",
-        "--set", "best_metric=bleu", "--set", "validate_interval_updates=0")
+        "--save-interval-updates", "3", "--valid-bleu", "--set", "valid.bleu_sentences=20",
+        "--set", "checkpoint.best_metric=bleu", "--set", "valid.interval_updates=0")
     valid = {r["update"]: r for r in _records(save, "valid")}
     assert set(valid) == {3, 6} and all("bleu" in r for r in valid.values())
     model, dictionary, sp_bytes = checkpoint.load_model(save / "checkpoint_6.pt")
@@ -243,7 +243,7 @@ def test_validation_bleu_is_what_the_saved_model_translates(data_dir: Path, tmp_
 
 
 def test_best_by_bleu_needs_validation_bleu(data_dir: Path, tmp_path: Path) -> None:
-    proc = nmt("train", data_dir, "--save-dir", tmp_path / "run", *SMALL, "--set", "best_metric=bleu", check=False)
+    proc = nmt("train", data_dir, "--save-dir", tmp_path / "run", *SMALL, "--set", "checkpoint.best_metric=bleu", check=False)
     assert_user_error(proc, "--valid-bleu")
 
 

@@ -15,7 +15,8 @@ from synthetic_binarized import build
 
 TINY = ["--arch", "transformer_tiny", "--precision", "fp32", "--max-tokens", "256", "--save-interval-minutes", "0",
         "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set", "model.heads=2", "--set", "threads=1",
-        "--set", "log_interval=1", "--save-interval-updates", "3", "--valid-bleu", "--set", "valid_bleu_sentences=10"]
+        "--set", "log.interval=1", "--save-interval-updates", "3", "--valid-bleu",
+        "--set", "valid.bleu_sentences=10"]
 
 
 def _scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:

@@ -16,10 +16,10 @@ import sentencepiece as spm
 import torch
 
 from conftest import REPO, assert_user_error, nmt, toy_sentences, why_torch_compile_cannot_run
+from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.inference.replicas import Replicas
 from nmt_cli.inference.translate import Translator, clean_line, run, translate_lines
-from nmt_cli.stages import TranslateConfig
 from nmt_cli.training import checkpoint
 
 

@@ -35,12 +35,12 @@ from nmt_cli.artifacts import (
     say_done,
     sha256_file,
 )
+from nmt_cli.config.data import BinarizeConfig
 from nmt_cli.data.bpe import sentencepiece_processor
 from nmt_cli.data.dataset import UNK, Dictionary, IndexedWriter, read_sequential, token_dtype
 from nmt_cli.data.streaming import Block, WorkerPool, line_blocks, line_progress, worker_count
 from nmt_cli.errors import NmtError
 from nmt_cli.progress import ProgressReport
-from nmt_cli.stages import BinarizeConfig
 
 BPE_COMMAND = "nmt bpe RAW --out BPE"
 

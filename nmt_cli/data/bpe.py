@@ -41,9 +41,9 @@ from nmt_cli.artifacts import (
     say_done,
     sha256_file,
 )
+from nmt_cli.config.data import BpeConfig
 from nmt_cli.data.streaming import Block, WorkerPool, cpu_cores, line_blocks, line_progress, worker_count
 from nmt_cli.errors import NmtError
-from nmt_cli.stages import BpeConfig
 
 MAX_TRAIN_SENTENCE_BYTES = 4192
 PREPARE_COMMAND = "nmt prepare ... --out RAW"

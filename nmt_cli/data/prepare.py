@@ -32,10 +32,10 @@ from nmt_cli.artifacts import (
     read_manifest,
     say_done,
 )
+from nmt_cli.config.data import PrepareConfig
 from nmt_cli.data import clean, wmt
 from nmt_cli.data.download import Retries
 from nmt_cli.errors import NmtError
-from nmt_cli.stages import PrepareConfig
 
 SMALL_INPUT_BYTES = 8 << 20
 VALID_TEST_NOTE = ("valid and test are not normalised or filtered: each line is the published text with "

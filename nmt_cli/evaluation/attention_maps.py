@@ -37,12 +37,13 @@ import torch
 from torch import Tensor
 
 from nmt_cli.artifacts import atomic_write_text
+from nmt_cli.config.evaluation import AttentionConfig
+from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.data.dataset import BOS, EOS, Dictionary
 from nmt_cli.errors import NmtError
 from nmt_cli.evaluation.plot import new_figure, picture_format, save_figure
 from nmt_cli.inference.search import translate_ids
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.stages import AttentionConfig, TranslateConfig
 from nmt_cli.training import checkpoint
 
 Maps = dict[tuple[str, int], list[Tensor]]  # (kind, 0-based layer) -> softmax (B, H, T, L) of each call

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from nmt_cli.artifacts import atomic_writer
+from nmt_cli.config.evaluation import PlotConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.stages import PlotConfig
 from nmt_cli.training.trainlog import JSONL
 
 Warn = Callable[[str], None]
@@ -51,7 +51,7 @@ def log_path(run: Path) -> Path:
         path = path / JSONL
         if not path.is_file():
             raise NmtError(f"{path.parent} holds no {JSONL}: give the --save-dir of an `nmt train` run "
-                           "(it is written after the first log_interval updates)")
+                           "(it is written after the first log.interval updates)")
     elif not path.is_file():
         raise NmtError(f"{path} does not exist: give the --save-dir of an `nmt train` run or its {JSONL}")
     return path
@@ -80,7 +80,7 @@ def read_log(path: Path, warn: Warn) -> list[dict[str, Any]]:
             records.append(record)
     if not records:
         raise NmtError(f"{path} holds no training or validation records yet: train for at least "
-                       "log_interval updates (or until the first validation) and plot again")
+                       "log.interval updates (or until the first validation) and plot again")
     return records
 
 

@@ -32,8 +32,8 @@ from sacrebleu.metrics import BLEU, CHRF
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
 from nmt_cli.artifacts import atomic_write_text, check_output_file, read_lines
+from nmt_cli.config.evaluation import ScoreConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.stages import ScoreConfig
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
 

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.inference.search import Hypothesis, beam_search, compile_decoder, keep_freed_memory
-from nmt_cli.stages import TranslateConfig
 from nmt_cli.training import checkpoint
 
 _STARTED = 30 * 60  # seconds the processes wait for each other to start and compile: a cold compile takes ~1 min

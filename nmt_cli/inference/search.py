@@ -40,9 +40,9 @@ import torch
 from torch import Tensor
 from torch.fx.experimental import _config as fx_config  # its use_duck_shape: see `compile_decoder`
 
+from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.data.dataset import BOS, EOS, PAD
 from nmt_cli.model.transformer import Beams, Cache, Encoded, NextTokens, Transformer, best_tokens
-from nmt_cli.stages import TranslateConfig
 
 if TYPE_CHECKING:
     from nmt_cli.inference.replicas import Replicas

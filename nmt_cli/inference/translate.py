@@ -28,6 +28,7 @@ import sentencepiece as spm
 import torch
 
 from nmt_cli.artifacts import atomic_writer, check_output_file, count_lines
+from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.data.bpe import sentencepiece_processor
 from nmt_cli.data.dataset import EOS, Dictionary
 from nmt_cli.errors import NmtError
@@ -35,7 +36,6 @@ from nmt_cli.inference.replicas import Replicas, describe
 from nmt_cli.inference.search import compile_decoder, keep_freed_memory, translate_ids
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.progress import ProgressReport
-from nmt_cli.stages import TranslateConfig
 from nmt_cli.training import checkpoint
 
 # Every character that could end or split a line for some reader (str.splitlines breaks on all

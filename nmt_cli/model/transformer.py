@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt_cli.config.model import ModelConfig
 from nmt_cli.data.dataset import BOS, EOS, PAD
-from nmt_cli.stages import ModelConfig
 
 # One dict per decoder layer: "memory_k"/"memory_v" over the encoder output (one copy per sentence),
 # "k"/"v" of the self-attention so far (one per row), "k_next"/"v_next" prepared by `reorder`.

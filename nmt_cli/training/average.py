@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 
 from nmt_cli.artifacts import check_output_file
+from nmt_cli.config.train import AverageConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.stages import AverageConfig
 from nmt_cli.training import checkpoint
 
 NUMBERED = re.compile(r"checkpoint_(\d+)\.pt")

@@ -30,11 +30,11 @@ from typing import Any
 
 import torch
 
-from nmt_cli.artifacts import _fsync_dir, atomic_writer
-from nmt_cli.config import build
+from nmt_cli.artifacts import atomic_writer, fsync_dir
+from nmt_cli.config.core import build
+from nmt_cli.config.model import ModelConfig
 from nmt_cli.data.dataset import Dictionary
 from nmt_cli.errors import NmtError
-from nmt_cli.stages import ModelConfig
 
 FORMAT = "nmt/1"
 
@@ -252,7 +252,7 @@ def _replace_with(source: Path, target: Path) -> None:
     except OSError:  # no hard links here (some network or FAT filesystems): copy instead
         shutil.copyfile(source, tmp)
     os.replace(tmp, target)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
 
 
 def remove_temporaries(save_dir: Path) -> list[Path]:

@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from nmt_cli.artifacts import manifest_languages, read_manifest
+from nmt_cli.config.train import BatchConfig, TrainConfig
 from nmt_cli.data.bpe import sentencepiece_processor
 from nmt_cli.data.dataset import Dictionary, IndexedDataset, batch_by_size, epoch_order, filter_by_size
 from nmt_cli.errors import NmtError
-from nmt_cli.stages import TrainConfig
 
 
 @dataclasses.dataclass
@@ -78,7 +78,7 @@ def load(cfg: TrainConfig) -> Corpus:
             raise NmtError(f"{folder}/{split}.{src_lang} holds no sentences; nothing to {split} on")
         for lang, data in ((src_lang, src), (tgt_lang, tgt)):
             _check_ids(data, len(dictionary), folder / f"{split}.{lang}.bin")
-        splits[split] = plan_split(src, tgt, cfg.model.max_positions, cfg.max_tokens)
+        splits[split] = plan_split(src, tgt, cfg.model.max_positions, cfg.batch.max_tokens)
     return Corpus(folder, src_lang, tgt_lang, dictionary, spm_model, splits["train"], splits["valid"])
 
 
@@ -101,13 +101,14 @@ def plan_split(src: IndexedDataset, tgt: IndexedDataset, max_positions: int, max
     return Split(src, tgt, batches, src_tokens, tgt_tokens, len(skipped))
 
 
-def micro_batches_per_update(cfg: TrainConfig, split: Split, world_size: int) -> int:
+def micro_batches_per_update(batch: BatchConfig, split: Split, world_size: int) -> int:
     """M, so that W ranks * M micro-batches hold about `tokens_per_update` real target tokens,
-    estimated from the mean target tokens of the planned batches (or --set micro_batches_per_update)."""
-    if cfg.micro_batches_per_update > 0:
-        return cfg.micro_batches_per_update
+    estimated from the mean target tokens of the planned batches (or given as
+    batch.micro_batches_per_update)."""
+    if batch.micro_batches_per_update > 0:
+        return batch.micro_batches_per_update
     mean = split.tgt_tokens.mean() if len(split.batches) else 1.0
-    wanted = max(1, round(cfg.tokens_per_update / (world_size * mean)))
+    wanted = max(1, round(batch.tokens_per_update / (world_size * mean)))
     return min(wanted, math.ceil(len(split.batches) / world_size))  # an update never exceeds an epoch
 
 
@@ -160,27 +161,30 @@ def order_of(split: Split, epoch: int, seed: int) -> np.ndarray:
 
 def describe_plan(cfg: TrainConfig, data: Corpus, per_node: int, kind: str, params: int, peak_lr: float) -> str:
     """The dry run's report: model size, devices, batch, accumulation, learning rate, cadence, plan."""
-    split, world = data.train, per_node * cfg.nnodes
-    M = micro_batches_per_update(cfg, split, world)
+    split, world = data.train, per_node * cfg.launch.nnodes
+    M = micro_batches_per_update(cfg.batch, split, world)
     per_epoch = updates_per_epoch(len(split.batches), world, M)
     mean = float(split.tgt_tokens.mean())
-    saves = [f"every {cfg.save_interval_minutes:g} minutes"] if cfg.save_interval_minutes > 0 else []
-    saves += [f"every {cfg.save_interval_updates} updates"] if cfg.save_interval_updates > 0 else []
-    stops = [f"{cfg.max_update:,} updates (about {cfg.max_update / max(per_epoch, 1):,.1f} epochs)"] if cfg.max_update else []
-    stops += [f"{cfg.max_epoch} epochs ({cfg.max_epoch * per_epoch:,} updates)"] if cfg.max_epoch else []
-    stops += [f"{cfg.max_time_hours:g} hours"] if cfg.max_time_hours else []
+    save, stop = cfg.checkpoint, cfg.stop
+    saves = [f"every {save.save_interval_minutes:g} minutes"] if save.save_interval_minutes > 0 else []
+    saves += [f"every {save.save_interval_updates} updates"] if save.save_interval_updates > 0 else []
+    epochs = stop.max_update / max(per_epoch, 1)
+    stops = [f"{stop.max_update:,} updates (about {epochs:,.1f} epochs)"] if stop.max_update else []
+    stops += [f"{stop.max_epoch} epochs ({stop.max_epoch * per_epoch:,} updates)"] if stop.max_epoch else []
+    stops += [f"{stop.max_time_hours:g} hours"] if stop.max_time_hours else []
     units = "GPU(s)" if kind == "GPU" else f"{kind}(es)"
     return "\n".join([
         f"parameters: {params:,} ({cfg.arch}, vocabulary {len(data.dictionary):,})",
-        f"devices: {world} ({cfg.nnodes} node(s) x {per_node} {units})",
-        f"max_tokens per device: {cfg.max_tokens:,} (one micro-batch, padding included)",
+        f"devices: {world} ({cfg.launch.nnodes} node(s) x {per_node} {units})",
+        f"max_tokens per device: {cfg.batch.max_tokens:,} (one micro-batch, padding included)",
         f"accumulation: {M} micro-batch(es) per device per update",
-        f"tokens per update: {cfg.tokens_per_update:,} asked; about {world * M * mean:,.0f} real target tokens "
-        f"planned ({world} devices x {M} x {mean:,.0f})",
-        f"peak learning rate: {peak_lr:.3e} at update {cfg.warmup_updates} ({cfg.lr_schedule} schedule)",
-        f"checkpoints: {' and '.join(saves) or 'at the end only'}, keep the last {cfg.keep_last}, plus "
-        f"checkpoint_last.pt and checkpoint_best.pt (by validation {cfg.best_metric})",
-        f"validation: every {cfg.validate_interval_updates} updates and at every checkpoint",
+        f"tokens per update: {cfg.batch.tokens_per_update:,} asked; about {world * M * mean:,.0f} real "
+        f"target tokens planned ({world} devices x {M} x {mean:,.0f})",
+        f"peak learning rate: {peak_lr:.3e} at update {cfg.optim.warmup_updates} ({cfg.optim.lr_schedule} "
+        "schedule)",
+        f"checkpoints: {' and '.join(saves) or 'at the end only'}, keep the last {save.keep_last}, plus "
+        f"checkpoint_last.pt and checkpoint_best.pt (by validation {save.best_metric})",
+        f"validation: every {cfg.valid.interval_updates} updates and at every checkpoint",
         f"data: {sum(map(len, split.batches)):,} training pairs in {len(split.batches):,} batches "
         f"({split.skipped:,} skipped as too long); {per_epoch:,} updates per epoch",
         "plan: " + ("stop at the first of " + ", ".join(stops) if stops else "no limit (stop it by hand)"),

@@ -23,12 +23,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from nmt_cli.config import to_dict
+from nmt_cli.config.core import flatten, to_dict
+from nmt_cli.config.train import TrainConfig, train_base
 from nmt_cli.errors import NmtError
-from nmt_cli.stages import TrainConfig, train_base
-
-# Fields the launcher hands to torchrun itself; a worker ignores them.
-LAUNCH_FIELDS = ("gpus", "nproc", "nnodes", "node_rank", "rdzv_endpoint", "max_restarts")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +50,7 @@ def in_worker() -> bool:
 
 
 def use_cuda(cfg: TrainConfig) -> bool:
-    if cfg.nproc > 0 or cfg.device == "cpu":
+    if cfg.launch.nproc > 0 or cfg.device == "cpu":
         return False
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise NmtError("--device cuda was asked for but torch sees no CUDA device; use --device cpu "
@@ -83,38 +80,28 @@ def processes_per_node(cfg: TrainConfig, planning: bool = False) -> int:
     """Workers to start on this machine: --nproc CPU workers, --gpus GPUs, or every visible GPU.
 
     `planning` (the dry run) trusts --gpus without checking that the GPUs exist."""
-    if cfg.nproc > 0 and cfg.gpus > 0:
+    if cfg.launch.nproc > 0 and cfg.launch.gpus > 0:
         raise NmtError("--nproc (CPU workers) and --gpus cannot be combined; choose one")
-    if cfg.nproc > 0:
-        return cfg.nproc
-    if cfg.gpus > 0:
+    if cfg.launch.nproc > 0:
+        return cfg.launch.nproc
+    if cfg.launch.gpus > 0:
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if not planning and visible < cfg.gpus:
-            raise NmtError(f"--gpus {cfg.gpus} was asked for but this machine has {visible} usable GPU(s); "
-                           "lower --gpus, or use --dry-run to plan for a bigger machine")
-        return cfg.gpus
+        if not planning and visible < cfg.launch.gpus:
+            raise NmtError(f"--gpus {cfg.launch.gpus} was asked for but this machine has {visible} usable "
+                           "GPU(s); lower --gpus, or use --dry-run to plan for a bigger machine")
+        return cfg.launch.gpus
     return torch.cuda.device_count() if use_cuda(cfg) else 1
 
 
 def worker_arguments(cfg: TrainConfig) -> list[str]:
     """The `nmt train` arguments that rebuild `cfg` in a worker: the data folder, then every field
-    that differs from the preset of cfg.arch as ``--set key=value``."""
-    base = _flatten(to_dict(train_base(cfg.arch)))
+    that differs from the preset of cfg.arch as ``--set key=value`` (``--set optim.lr=0.001``)."""
+    base = flatten(to_dict(train_base(cfg.arch)))
     args = [str(cfg.data), "--save-dir", str(cfg.save_dir), "--arch", cfg.arch]
-    for key, value in _flatten(to_dict(cfg)).items():
+    for key, value in flatten(to_dict(cfg)).items():
         if key not in ("data", "save_dir", "arch") and value != base.get(key):
             args += ["--set", f"{key}={_cli_value(value)}"]
     return args
-
-
-def _flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in mapping.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def _cli_value(value: Any) -> str:
@@ -127,12 +114,13 @@ def _cli_value(value: Any) -> str:
 
 def torchrun_arguments(cfg: TrainConfig, nproc_per_node: int) -> list[str]:
     """Arguments of `torch.distributed.run` that start this node's workers."""
-    args = ["--nproc-per-node", str(nproc_per_node), "--nnodes", str(cfg.nnodes),
-            "--max-restarts", str(cfg.max_restarts)]
-    if cfg.nnodes > 1 or cfg.rdzv_endpoint:
-        if not cfg.rdzv_endpoint:
-            raise NmtError(f"--nnodes {cfg.nnodes} needs --rdzv-endpoint HOST:PORT (the machine of node 0)")
-        args += ["--node-rank", str(cfg.node_rank), "--rdzv-endpoint", cfg.rdzv_endpoint]
+    args = ["--nproc-per-node", str(nproc_per_node), "--nnodes", str(cfg.launch.nnodes),
+            "--max-restarts", str(cfg.launch.max_restarts)]
+    if cfg.launch.nnodes > 1 or cfg.launch.rdzv_endpoint:
+        if not cfg.launch.rdzv_endpoint:
+            raise NmtError(f"--nnodes {cfg.launch.nnodes} needs --rdzv-endpoint HOST:PORT (the machine of "
+                           "node 0)")
+        args += ["--node-rank", str(cfg.launch.node_rank), "--rdzv-endpoint", cfg.launch.rdzv_endpoint]
     else:
         args.append("--standalone")  # a free local port: parallel runs on one machine do not collide
     return [*args, "-m", "nmt_cli.training.train", *worker_arguments(cfg)]

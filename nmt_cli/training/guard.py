@@ -56,9 +56,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from nmt_cli.config.train import TrainConfig
 from nmt_cli.data.dataset import PAD
 from nmt_cli.errors import NmtError
-from nmt_cli.stages import TrainConfig
 from nmt_cli.training import corpus, distributed
 from nmt_cli.training.resume import Counters
 
@@ -153,17 +153,17 @@ def free_cached_memory(device: torch.device) -> None:
 
 def out_of_memory_in_sync(cfg: TrainConfig, rank: int) -> NmtError:
     return NmtError(f"out of memory in the gradient-synchronising backward pass on rank {rank} (max_tokens="
-                    f"{cfg.max_tokens}): the other workers are already exchanging gradients, so this micro-batch "
+                    f"{cfg.batch.max_tokens}): the other workers are already exchanging gradients, so this micro-batch "
                     "cannot be skipped. Lower --max-tokens (tokens_per_update stays) and rerun the same command "
                     "to resume from checkpoint_last.pt")
 
 
 def check_out_of_memory(cfg: TrainConfig, c: Counters, saved_update: int) -> None:
     """Stop when more than `max_oom_fraction` of the micro-batches so far were dropped (one never does)."""
-    if c.oom_micro_batches > max(1.0, cfg.max_oom_fraction * c.micro_batches):
+    if c.oom_micro_batches > max(1.0, cfg.guard.max_oom_fraction * c.micro_batches):
         raise NmtError(f"update {c.update + 1}: {c.oom_micro_batches} of {c.micro_batches} micro-batches so far "
-                       f"ran out of memory and were skipped, more than max_oom_fraction={cfg.max_oom_fraction:g}. "
-                       f"Lower --max-tokens (now {cfg.max_tokens}; tokens_per_update stays, with more micro-batches "
+                       f"ran out of memory and were skipped, more than max_oom_fraction={cfg.guard.max_oom_fraction:g}. "
+                       f"Lower --max-tokens (now {cfg.batch.max_tokens}; tokens_per_update stays, with more micro-batches "
                        f"per update) and rerun to resume; {last_checkpoint(cfg, saved_update)}")
 
 
@@ -179,7 +179,7 @@ def try_largest_batch(trainer: Trainer) -> str:
         if out is None or not _backward(trainer, out[0] / max(float(out[2]), 1.0), True, (0, i)):
             tokens = int(trainer.data.train.tgt.sizes[ids].sum()) + len(ids)
             raise NmtError(f"a batch of {len(ids)} sentences ({tokens} target tokens) does not fit in the memory "
-                           f"of {device} with max_tokens={cfg.max_tokens} and precision {trainer.precision}: lower "
+                           f"of {device} with max_tokens={cfg.batch.max_tokens} and precision {trainer.precision}: lower "
                            "--max-tokens (tokens_per_update stays)")
         trainer.scaler.step(trainer.optimizer)  # allocates Adam's moments; a learning rate of 0 moves nothing
         trainer.scaler.update()
@@ -190,7 +190,7 @@ def try_largest_batch(trainer: Trainer) -> str:
         used = f"peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB of {total / 2**30:.1f} GiB"
     else:  # ru_maxrss is in KiB on Linux
         used = f"peak resident memory of this process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB"
-    return (f"largest batch: fits on {device} (forward, backward and optimizer step; max_tokens={cfg.max_tokens}, "
+    return (f"largest batch: fits on {device} (forward, backward and optimizer step; max_tokens={cfg.batch.max_tokens}, "
             f"precision {trainer.precision}): {used}; under DDP each GPU also holds about {gradients:,.0f} MiB of "
             "gradient buckets")
 
@@ -230,8 +230,8 @@ def report(log: TrainLog, number: int, health: Health, c: Counters, cfg: TrainCo
            scaler: torch.amp.GradScaler) -> None:
     """A warning line for a skipped update and for micro-batches dropped for lack of memory."""
     if not health.finite:
-        limit = (f"fp16 loss scale now {scaler.get_scale():g}, the run stops below {cfg.min_loss_scale:g}"
-                 if scaler.is_enabled() else f"the run stops after {cfg.max_bad_updates}")
+        limit = (f"fp16 loss scale now {scaler.get_scale():g}, the run stops below {cfg.guard.min_loss_scale:g}"
+                 if scaler.is_enabled() else f"the run stops after {cfg.guard.max_bad_updates}")
         log.warn(f"update {number}: skipped, {health.describe()} ({c.bad_updates} in a row; {limit})")
     if health.oom_micro_batches:
         log.warn(f"update {number}: {health.oom_micro_batches} micro-batch(es) ran out of memory and were "
@@ -246,12 +246,12 @@ def check_nonfinite(cfg: TrainConfig, c: Counters, health: Health, scale: float 
     if health.finite:
         return
     attempt = c.update + 1
-    if scale is not None and scale < cfg.min_loss_scale:
+    if scale is not None and scale < cfg.guard.min_loss_scale:
         raise NmtError(f"update {attempt}: the fp16 loss scale fell to {scale:g}, below min_loss_scale="
-                       f"{cfg.min_loss_scale:g}: the gradients overflow again and again ({health.describe()}; "
+                       f"{cfg.guard.min_loss_scale:g}: the gradients overflow again and again ({health.describe()}; "
                        f"{where()}). Train with --precision bf16 or fp32, or lower the learning rate; "
                        f"{last_checkpoint(cfg, saved_update)}")
-    if scale is None and c.bad_updates > cfg.max_bad_updates:
+    if scale is None and c.bad_updates > cfg.guard.max_bad_updates:
         raise NmtError(f"update {attempt}: {c.bad_updates} updates in a row were skipped for non-finite values "
                        f"(this one: {health.describe()}); {where()}. Lower the learning rate (or raise "
                        f"warmup_updates) and rerun to resume; {last_checkpoint(cfg, saved_update)}")
@@ -313,7 +313,7 @@ def worker_errors(cfg: TrainConfig, ctx: distributed.Context) -> Iterator[None]:
             if not is_out_of_memory(e):
                 raise
             raise NmtError(f"out of memory outside a training micro-batch (validation, an optimizer step) with "
-                           f"max_tokens={cfg.max_tokens} on {ctx.device}: lower --max-tokens (tokens_per_update "
+                           f"max_tokens={cfg.batch.max_tokens} on {ctx.device}: lower --max-tokens (tokens_per_update "
                            "stays) and rerun the same command to resume from checkpoint_last.pt") from None
     except NmtError as e:
         if ctx.is_main:

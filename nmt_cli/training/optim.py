@@ -1,6 +1,7 @@
 """Optimiser and learning-rate schedules (paper section 5.3), as pure functions of the update number.
 
-Update numbers count from 1: `learning_rate(cfg, u)` is the rate used by the u-th optimiser step.
+Update numbers count from 1: `learning_rate(optim, d_model, u)` is the rate used by the u-th optimiser
+step.
 The schedule has no state of its own; a resumed run recomputes it from the saved update count.
 """
 
@@ -11,7 +12,7 @@ from collections.abc import Iterable
 
 import torch
 
-from nmt_cli.stages import TrainConfig
+from nmt_cli.config.train import OptimConfig
 
 
 def paper_lr(update: int, d_model: int, warmup_updates: int, scale: float = 1.0) -> float:
@@ -31,28 +32,29 @@ def inverse_sqrt_lr(update: int, peak_lr: float, warmup_updates: int, warmup_ini
     return peak_lr * math.sqrt(max(warmup_updates, 1) / max(update, 1))
 
 
-def learning_rate(cfg: TrainConfig, update: int) -> float:
-    match cfg.lr_schedule:
+def learning_rate(optim: OptimConfig, d_model: int, update: int) -> float:
+    """The rate of update `update` by `optim.lr_schedule`, for a model of width `d_model`."""
+    match optim.lr_schedule:
         case "paper":
-            return paper_lr(update, cfg.model.d_model, cfg.warmup_updates, cfg.lr_scale)
+            return paper_lr(update, d_model, optim.warmup_updates, optim.lr_scale)
         case "inverse_sqrt":
-            return inverse_sqrt_lr(update, cfg.lr, cfg.warmup_updates, cfg.warmup_init_lr)
+            return inverse_sqrt_lr(update, optim.lr, optim.warmup_updates, optim.warmup_init_lr)
 
 
-def peak_learning_rate(cfg: TrainConfig) -> float:
+def peak_learning_rate(optim: OptimConfig, d_model: int) -> float:
     """The largest rate of the schedule, reached at the end of the warm-up."""
-    return learning_rate(cfg, max(cfg.warmup_updates, 1))
+    return learning_rate(optim, d_model, max(optim.warmup_updates, 1))
 
 
-def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
+def build_optimizer(params: Iterable[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
     """Adam(beta1, beta2, eps) as in the paper; AdamW (decoupled weight decay) when weight_decay > 0."""
     params = list(params)
     # fused: one kernel per parameter for the whole update (10x faster than foreach on a CPU)
     fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in params)
-    if cfg.weight_decay > 0:
-        return torch.optim.AdamW(params, lr=0.0, betas=cfg.adam_betas, eps=cfg.adam_eps,
-                                 weight_decay=cfg.weight_decay, fused=fused)
-    return torch.optim.Adam(params, lr=0.0, betas=cfg.adam_betas, eps=cfg.adam_eps, fused=fused)
+    if optim.weight_decay > 0:
+        return torch.optim.AdamW(params, lr=0.0, betas=optim.adam_betas, eps=optim.adam_eps,
+                                 weight_decay=optim.weight_decay, fused=fused)
+    return torch.optim.Adam(params, lr=0.0, betas=optim.adam_betas, eps=optim.adam_eps, fused=fused)
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:

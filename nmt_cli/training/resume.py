@@ -5,7 +5,7 @@ Layout of a training checkpoint (see checkpoint.py for the file format and the m
     "kind": "checkpoint", "model", "model_config", "dictionary", "spm_model",
     "meta":  {"nmt_version", "created", "arch", "src_lang", "tgt_lang", "update", "epoch", "valid_loss",
               "best": whether it was the best so far when saved},
-    "train": {"config": the resolved TrainConfig as a mapping,
+    "train": {"config": the resolved TrainConfig as a mapping of its sections (flat in older checkpoints),
               "update", "epoch", "epoch_batches_done", "train_seconds", "best_valid_loss", "best_valid_bleu",
               "bad_updates", "skipped_updates", "oom_micro_batches", "micro_batches" (see guard.py),
               "world_size", "micro_batches_per_update", "precision",
@@ -27,19 +27,18 @@ import torch
 from torch import Tensor
 
 from nmt_cli import __version__
-from nmt_cli.config import to_dict
+from nmt_cli.config.core import flatten, to_dict
+from nmt_cli.config.train import TrainConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.training import checkpoint
 
 if TYPE_CHECKING:
     from nmt_cli.training.train import Trainer
 
-# Training settings whose change on resume is expected (when to stop, how to report, how to launch).
-_FREE_TO_CHANGE = {"max_update", "max_epoch", "max_time_hours", "log_interval", "tensorboard_dir", "dry_run",
-                   "save_interval_minutes", "save_interval_updates", "keep_last", "validate_interval_updates",
-                   "threads", "gpus", "nproc", "nnodes", "node_rank", "rdzv_endpoint", "max_restarts",
-                   "max_bad_updates", "min_loss_scale", "max_oom_fraction", "try_largest_batch", "data",
-                   "save_dir", "model", "valid_bleu", "valid_bleu_sentences", "valid_bleu_beam", "best_metric"}
+# Training settings whose change on resume is expected (where the data is, when to stop, how to report
+# and launch); a section stands for all its fields. The model is compared on its own (`apply_resume`).
+_FREE_TO_CHANGE = {"data", "save_dir", "threads", "dry_run", "try_largest_batch", "model",
+                   "stop", "checkpoint", "valid", "log", "guard", "launch"}
 
 
 @dataclasses.dataclass
@@ -132,9 +131,16 @@ def _restore_rng(trainer: Trainer, states: list[dict[str, Any]]) -> list[str]:
     return []
 
 
+def stored_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's train config as dotted keys (``optim.lr``). A config written before TrainConfig had
+    sections (flat: ``max_tokens``, ``valid_bleu``, ...) is read under its keys' new names."""
+    return {TrainConfig.RENAMED.get(key, key): value for key, value in flatten(config).items()}
+
+
 def _changed_settings(trainer: Trainer, train: dict[str, Any]) -> list[str]:
-    now, before = to_dict(trainer.cfg), train["config"]
-    changed = [f for f in checkpoint.differing_fields(before, now) if f.split(":")[0] not in _FREE_TO_CHANGE]
+    now, before = flatten(to_dict(trainer.cfg)), stored_settings(train["config"])
+    changed = [f for f in checkpoint.differing_fields(before, now)
+               if f.split(":")[0].split(".")[0] not in _FREE_TO_CHANGE]
     notes = []
     if changed:
         notes.append("training settings changed since the checkpoint (" + "; ".join(changed) + "): "

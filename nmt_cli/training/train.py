@@ -26,11 +26,12 @@ import torch
 from torch import Tensor
 
 from nmt_cli.artifacts import atomic_write_text
-from nmt_cli.config import dump_yaml
+from nmt_cli.config.core import dump_yaml
+from nmt_cli.config.inference import TranslateConfig
+from nmt_cli.config.train import TrainConfig
 from nmt_cli.data.dataset import EOS, PAD, collate
 from nmt_cli.errors import NmtError
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.stages import TrainConfig, TranslateConfig
 from nmt_cli.training import checkpoint, corpus, distributed, guard
 from nmt_cli.training import optim as optim_lib
 from nmt_cli.training.loss import label_smoothed_nll, per_token
@@ -39,8 +40,8 @@ from nmt_cli.training.trainlog import JSONL, TrainLog, truncate_after
 
 
 def run(cfg: TrainConfig) -> None:
-    if cfg.best_metric == "bleu" and not cfg.valid_bleu:
-        raise NmtError("best_metric=bleu needs validation BLEU: add --valid-bleu")
+    if cfg.checkpoint.best_metric == "bleu" and not cfg.valid.bleu:
+        raise NmtError("checkpoint.best_metric=bleu needs validation BLEU: add --valid-bleu")
     if cfg.try_largest_batch and not cfg.dry_run:
         raise NmtError("try_largest_batch is a part of the dry run: add --dry-run")
     if cfg.dry_run:
@@ -48,7 +49,7 @@ def run(cfg: TrainConfig) -> None:
     if distributed.in_worker():
         return train(cfg)
     nproc = distributed.processes_per_node(cfg)
-    if nproc > 1 or cfg.nnodes > 1:
+    if nproc > 1 or cfg.launch.nnodes > 1:
         return distributed.launch(cfg, nproc)
     train(cfg)
 
@@ -57,7 +58,7 @@ def train(cfg: TrainConfig) -> None:
     """Train in this process (a torchrun worker, or the only process)."""
     ctx = distributed.setup(cfg)
     guard.note_pid_for_tests(ctx.rank)
-    log = TrainLog(cfg.save_dir, ctx.is_main, cfg.tensorboard_dir)
+    log = TrainLog(cfg.save_dir, ctx.is_main, cfg.log.tensorboard_dir)
     try:
         with guard.worker_errors(cfg, ctx):
             if cfg.threads > 0:
@@ -84,9 +85,9 @@ class Trainer:
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.model = Transformer(cfg.model, len(data.dictionary)).to(ctx.device)
         self.ddp = distributed.wrap(self.model, ctx)
-        self.optimizer = optim_lib.build_optimizer(self.model.parameters(), cfg)
+        self.optimizer = optim_lib.build_optimizer(self.model.parameters(), cfg.optim)
         self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=self.precision == "fp16")
-        self.micro_batches = corpus.micro_batches_per_update(cfg, data.train, ctx.world_size)
+        self.micro_batches = corpus.micro_batches_per_update(cfg.batch, data.train, ctx.world_size)
         self.counters = Counters()
         self.saved_update = -1
         self.interval = _Interval()
@@ -105,7 +106,7 @@ class Trainer:
 
     def forward_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         with self.autocast():  # the forward only, as torch.amp recommends
-            return micro_batch_loss(self.ddp, batch, self.cfg.label_smoothing)
+            return micro_batch_loss(self.ddp, batch, self.cfg.optim.label_smoothing)
 
     # -- start / resume -------------------------------------------------------------------------
 
@@ -150,9 +151,9 @@ class Trainer:
         for name, part in (("training", split), ("validation", self.data.valid)):
             if part.skipped:
                 self.log.warn(f"skipped {part.skipped} of {len(part.src)} {name} examples longer than "
-                              f"{min(cfg.model.max_positions, cfg.max_tokens)} tokens (max_positions, max_tokens)")
+                              f"{min(cfg.model.max_positions, cfg.batch.max_tokens)} tokens (max_positions, max_tokens)")
         self.log.info(f"parameters={sum(p.numel() for p in self.model.parameters())} devices={self.ctx.world_size} "
-                      f"device={self.ctx.device.type} precision={self.precision} max_tokens={cfg.max_tokens} "
+                      f"device={self.ctx.device.type} precision={self.precision} max_tokens={cfg.batch.max_tokens} "
                       f"micro_batches_per_update={self.micro_batches} batches_per_epoch={len(split.batches)}")
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -163,7 +164,7 @@ class Trainer:
             self.log.info(f"already trained to update {c.update}, epoch {c.epoch}; nothing to do "
                           "(raise --max-update / --max-epoch to train on)")
             return
-        self.log.start(c.update, cfg.max_update or None)
+        self.log.start(c.update, cfg.stop.max_update or None)
         self.run_start, self.last_save = time.monotonic() - c.train_seconds, time.monotonic()
         self.interval.reset(c.log_sums)
         while not self._finished():
@@ -173,8 +174,8 @@ class Trainer:
 
     def _finished(self) -> bool:
         c, cfg = self.counters, self.cfg
-        out_of_time = cfg.max_time_hours > 0 and c.train_seconds >= cfg.max_time_hours * 3600
-        return bool((cfg.max_update and c.update >= cfg.max_update) or (cfg.max_epoch and c.epoch > cfg.max_epoch)
+        out_of_time = cfg.stop.max_time_hours > 0 and c.train_seconds >= cfg.stop.max_time_hours * 3600
+        return bool((cfg.stop.max_update and c.update >= cfg.stop.max_update) or (cfg.stop.max_epoch and c.epoch > cfg.stop.max_epoch)
                     or c.stop_requested or out_of_time)
 
     def _epoch(self) -> bool:
@@ -209,14 +210,14 @@ class Trainer:
         # [0:5] sums, [5:8] the ranks' flags, [8:10] save due, out of time: every rank decides alike
         totals = distributed.all_reduce_sum([*sums, *flags, *self._time_flags()], ctx)
         health, trained_tgt = guard.Health(*map(int, totals[5:8]), ctx.world_size), totals[2]
-        applied, lr = health.finite and trained_tgt > 0, optim_lib.learning_rate(cfg, c.update + 1)
+        applied, lr = health.finite and trained_tgt > 0, optim_lib.learning_rate(cfg.optim, cfg.model.d_model, c.update + 1)
         if applied:
             if trained_tgt < update_tgt_tokens:  # micro-batches were dropped: the mean over what was trained
                 for p in params:
                     p.grad.mul_(update_tgt_tokens / trained_tgt)
                 norm = norm * (update_tgt_tokens / trained_tgt)
-            if cfg.clip_norm > 0:
-                torch.nn.utils.clip_grads_with_norm_(params, cfg.clip_norm, norm)
+            if cfg.optim.clip_norm > 0:
+                torch.nn.utils.clip_grads_with_norm_(params, cfg.optim.clip_norm, norm)
             optim_lib.set_learning_rate(self.optimizer, lr)
             self.scaler.step(self.optimizer)
         guard.update_loss_scale(self.scaler, health.finite, finite_here)
@@ -243,8 +244,8 @@ class Trainer:
         brings the training time up to date."""
         now, cfg = time.monotonic(), self.cfg
         self.counters.train_seconds = now - self.run_start
-        save = cfg.save_interval_minutes > 0 and now - self.last_save >= cfg.save_interval_minutes * 60
-        stop = cfg.max_time_hours > 0 and self.counters.train_seconds >= cfg.max_time_hours * 3600
+        save = cfg.checkpoint.save_interval_minutes > 0 and now - self.last_save >= cfg.checkpoint.save_interval_minutes * 60
+        stop = cfg.stop.max_time_hours > 0 and self.counters.train_seconds >= cfg.stop.max_time_hours * 3600
         return [float(save), float(stop)]
 
     def note_examples(self, ids: np.ndarray) -> None:
@@ -256,13 +257,13 @@ class Trainer:
         cfg, c = self.cfg, self.counters
         if applied:
             self.log.step(c.update, self.interval.last_loss, self.interval.last_lr, self.interval.speed())
-            if cfg.log_interval > 0 and c.update % cfg.log_interval == 0 and self.interval.updates:
+            if cfg.log.interval > 0 and c.update % cfg.log.interval == 0 and self.interval.updates:
                 self.log.record(self.interval.record(c))
                 self.interval.reset()
-        by_updates = applied and cfg.save_interval_updates > 0 and c.update % cfg.save_interval_updates == 0
+        by_updates = applied and cfg.checkpoint.save_interval_updates > 0 and c.update % cfg.checkpoint.save_interval_updates == 0
         if by_updates or self.save_due:
             self._save()
-        elif applied and cfg.validate_interval_updates > 0 and c.update % cfg.validate_interval_updates == 0:
+        elif applied and cfg.valid.interval_updates > 0 and c.update % cfg.valid.interval_updates == 0:
             self._validate()
 
     # -- validation and checkpoints ----------------------------------------------------------------
@@ -278,13 +279,13 @@ class Trainer:
             arrays = collate(split.src, split.tgt, ids)
             batch = {k: torch.from_numpy(v).to(ctx.device) for k, v in arrays.items() if k != "ids"}
             with self.autocast():
-                loss, nll = micro_batch_loss(self.model, batch, self.cfg.label_smoothing)
+                loss, nll = micro_batch_loss(self.model, batch, self.cfg.optim.label_smoothing)
             sums += torch.stack([loss.double(), nll.double(), (batch["target"] != PAD).sum().double()])
         bleu = validation_bleu(self.model, self.data, self.cfg, ctx)
         self.model.train()
         loss_sum, nll_sum, tokens = distributed.all_reduce_sum(sums.tolist(), ctx)
         loss, nll = per_token(loss_sum, int(tokens)), per_token(nll_sum, int(tokens))
-        if self.cfg.best_metric == "bleu":
+        if self.cfg.checkpoint.best_metric == "bleu":
             best = bleu is not None and (c.best_valid_bleu is None or bleu > c.best_valid_bleu)
         else:
             best = c.best_valid_loss is None or loss < c.best_valid_loss
@@ -309,7 +310,7 @@ class Trainer:
         rng = distributed.all_gather(rng_state(self.ctx.device), self.ctx)
         if self.ctx.is_main:
             state = training_checkpoint(self, rng, c.valid_loss, best)
-            path = checkpoint.save_training(Path(self.cfg.save_dir), c.update, state, best, self.cfg.keep_last)
+            path = checkpoint.save_training(Path(self.cfg.save_dir), c.update, state, best, self.cfg.checkpoint.keep_last)
             self.log.info(f"saved {path}" + (" (best so far)" if best else ""))
         self.saved_update, self.last_save = c.update, time.monotonic()
 
@@ -321,8 +322,8 @@ def print_plan(cfg: TrainConfig) -> None:
     per_node = distributed.processes_per_node(cfg, planning=True)
     with torch.device("meta"):  # counts parameters without allocating them (transformer_big: 213M)
         params = sum(p.numel() for p in Transformer(cfg.model, len(data.dictionary)).parameters())
-    kind = "GPU" if cfg.gpus > 0 or (cfg.nproc == 0 and distributed.use_cuda(cfg)) else "CPU process"
-    print(corpus.describe_plan(cfg, data, per_node, kind, params, optim_lib.peak_learning_rate(cfg)), flush=True)
+    kind = "GPU" if cfg.launch.gpus > 0 or (cfg.launch.nproc == 0 and distributed.use_cuda(cfg)) else "CPU process"
+    print(corpus.describe_plan(cfg, data, per_node, kind, params, optim_lib.peak_learning_rate(cfg.optim, cfg.model.d_model)), flush=True)
     if cfg.try_largest_batch:
         if kind == "GPU" and not distributed.use_cuda(cfg):
             raise NmtError("try_largest_batch runs the largest batch on the GPU it plans for, and torch sees none "
@@ -339,7 +340,7 @@ def validation_bleu(model: Transformer, data: corpus.Corpus, cfg: TrainConfig,
     searched with beam `valid_bleu_beam`, each rank translating a share. The references are the valid
     targets decoded from their pieces, so they carry sentencepiece's normalisation: a number to
     watch during training, close to but not the score `nmt score` gives against the raw text."""
-    if not cfg.valid_bleu:
+    if not cfg.valid.bleu:
         return None
     import sacrebleu
     import sentencepiece as spm
@@ -347,10 +348,10 @@ def validation_bleu(model: Transformer, data: corpus.Corpus, cfg: TrainConfig,
     from nmt_cli.inference.search import translate_ids
 
     split, dictionary = data.valid, data.dictionary
-    count = len(split.src) if cfg.valid_bleu_sentences <= 0 else min(cfg.valid_bleu_sentences, len(split.src))
+    count = len(split.src) if cfg.valid.bleu_sentences <= 0 else min(cfg.valid.bleu_sentences, len(split.src))
     ids = [i for i in range(count) if split.src.sizes[i] < cfg.model.max_positions]  # + EOS must fit
     mine = ids[ctx.rank :: ctx.world_size]
-    search = TranslateConfig(model=None, beam=cfg.valid_bleu_beam, nbest=1)
+    search = TranslateConfig(model=None, beam=cfg.valid.bleu_beam, nbest=1)
     found = translate_ids(model, [[*split.src[i].tolist(), EOS] for i in mine], search)
     sp = spm.SentencePieceProcessor(model_proto=data.spm_model)
     text = {i: sp.decode(dictionary.decode(h[0].tokens)) for i, h in zip(mine, found, strict=True)}

@@ -1,12 +1,14 @@
-"""Typed configuration: the stage dataclasses (in `stages.py`) overridden by YAML, then by the CLI.
+"""Resolving a config: defaults, overridden by a YAML file, overridden by the command line.
 
 A stage's config is resolved as ``dataclass defaults < YAML file < command line``. Keys are the
-dataclass's field names; nested dataclasses (the model inside the training config) take a mapping
-in YAML and dotted keys on the command line (``--set model.dropout=0.3``). Values are converted by
-the field's type, so ``5e-4`` from YAML (a string to PyYAML) becomes a float and ``"true"`` from
-``--set`` a bool. An unknown key is an error that names the closest valid key.
+dataclass's field names; nested dataclasses (the model and the sections of the training config) take
+a mapping in YAML and dotted keys on the command line (``--set optim.lr=5e-4``). Values are converted
+by the field's type, so ``5e-4`` from YAML (a string to PyYAML) becomes a float and ``"true"`` from
+``--set`` a bool. An unknown key is an error that names the closest valid key, or the new place of a
+key that moved (a config's ``RENAMED`` mapping).
 
-This module and `stages.py` import no torch: `nmt --help` must stay fast.
+A field is declared with `opt` or `required`: its default, its help text, the range a number must
+lie in, and, for the settings the command line offers, its flag (see `options.py`).
 """
 
 from __future__ import annotations
@@ -23,34 +25,50 @@ import yaml
 
 from nmt_cli.errors import NmtError
 
+# Choices shared by the training and translation configs.
+Precision = Literal["auto", "bf16", "fp16", "fp32"]
+Device = Literal["auto", "cpu", "cuda"]
 
-def opt(default: Any, help: str, *, at_least: float | None = None, above: float | None = None,
-        at_most: float | None = None, below: float | None = None) -> Any:
-    """A dataclass field with its help text (shown by `nmt CMD --help`) and, for numbers, the range
-    a value from YAML or the command line must lie in (each number of a tuple, too)."""
+
+def opt(default: Any, help: str, *, flag: str | None = None, short: str | None = None,
+        at_least: float | None = None, above: float | None = None, at_most: float | None = None,
+        below: float | None = None) -> Any:
+    """A dataclass field with its help text (shown by `nmt CMD --help`), its command-line flag if it
+    has one (``"--name"``; a bool's ``"--x/--no-x"`` offers both; `short` is a dash and a letter) and,
+    for numbers, the range a value must lie in (each number of a tuple, too)."""
     bounds = {"at_least": at_least, "above": above, "at_most": at_most, "below": below}
-    metadata = {"help": help, **{k: v for k, v in bounds.items() if v is not None}}
+    bounds = {k: v for k, v in bounds.items() if v is not None}
+    metadata = {"help": help, **_cli(flag, short, False, None), **bounds}
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
         return dataclasses.field(default_factory=lambda: _copy(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def required(help: str) -> Any:
-    """A field the user must give (an input or output folder)."""
-    return dataclasses.field(default=None, metadata={"help": help, "required": True})
+def required(help: str, *, flag: str | None = None, short: str | None = None, argument: bool = False,
+             metavar: str | None = None) -> Any:
+    """A field the user must give (an input or output folder): a flag, or the command's positional
+    `argument` (shown as `metavar`, default: the field's name)."""
+    return dataclasses.field(default=None, metadata={"help": help, "required": True,
+                                                     **_cli(flag, short, argument, metavar)})
+
+
+def _cli(flag: str | None, short: str | None, argument: bool, metavar: str | None) -> dict[str, Any]:
+    assert not (argument and flag), "a field is a positional argument or a flag, not both"
+    assert flag or not short, "a short form needs a flag"
+    values = {"flag": flag, "short": short, "argument": argument or None, "metavar": metavar}
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def _copy(value: Any) -> Any:
     return dataclasses.replace(value) if dataclasses.is_dataclass(value) else type(value)(value)
 
 
-def help_of(cls: type, name: str) -> str:
-    """The help text of field `name`, with its default, for a Typer option."""
-    field = {f.name: f for f in dataclasses.fields(cls)}[name]
+def help_of(field: dataclasses.Field) -> str:
+    """The help text of `field`, with its default, for a Typer option."""
     text = field.metadata.get("help", "")
     if field.metadata.get("required"):
         return text
-    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+    default = _default(field)
     if default is None:  # "not set": the help text says what happens then
         return text
     return f"{text} \\[default: {_show(default)}]"  # escaped: Typer renders help as rich markup
@@ -127,12 +145,14 @@ def build(cls: type, layers: list[tuple[str, dict[str, Any]]], base: Any = None,
     for source, mapping in layers:
         for key, raw in mapping.items():
             if not isinstance(key, str):
-                raise NmtError(f"{source}: option names are words, got {key!r}; valid keys: {', '.join(fields)}")
+                raise NmtError(f"{source}: option names are words, got {key!r}; valid keys: "
+                               f"{', '.join(fields)}")
             if key not in values:
                 raise NmtError(_unknown_key(cls, key, source, prefix))
             if dataclasses.is_dataclass(hints[key]):
                 if not isinstance(raw, dict):
-                    raise NmtError(f"{source}: '{prefix}{key}' is a group of options and takes a mapping, got {raw!r}")
+                    raise NmtError(f"{source}: '{prefix}{key}' is a group of options and takes a mapping, "
+                                   f"got {raw!r}")
                 groups.setdefault(key, []).append((source, raw))
             else:
                 values[key] = convert(raw, hints[key], f"{source}: '{prefix}{key}'")
@@ -164,6 +184,9 @@ def _default(field: dataclasses.Field) -> Any:
 
 
 def _unknown_key(cls: type, key: str, source: str, prefix: str = "") -> str:
+    moved = getattr(cls, "RENAMED", {}).get(key)
+    if moved is not None:
+        return f"{source}: '{prefix}{key}' is now '{prefix}{moved}'"
     names = [f.name for f in dataclasses.fields(cls)]
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
     hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys: {', '.join(names)}"
@@ -266,3 +289,14 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 def dump_yaml(cfg: Any) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False, allow_unicode=True)
+
+
+def flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`to_dict`'s nested mapping as dotted keys (``optim.lr``), the keys `--set` takes."""
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out

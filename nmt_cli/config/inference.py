@@ -1,0 +1,40 @@
+"""The config of `nmt translate` (and of the beam search that validation BLEU runs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from nmt_cli.config.core import Device, Precision, opt, required
+
+
+@dataclass
+class TranslateConfig:
+    model: Path = required("a checkpoint or an averaged model file", argument=True)
+    input: Path | None = opt(None, "text to translate, one sentence per line (default: stdin)",
+                             flag="--input", short="-i")
+    output: Path | None = opt(None, "where translations go, one line per input line (default: stdout)",
+                              flag="--output", short="-o")
+    beam: int = opt(4, "beam size (1: greedy search)", flag="--beam", at_least=1)
+    nbest: int = opt(1, "print this many hypotheses per sentence: K lines LINE<TAB>SCORE<TAB>TEXT per input "
+                     "line", flag="--nbest", at_least=1)
+    lenpen: float = opt(0.6, "GNMT length penalty alpha: score / ((5+|Y|)/6)^alpha", flag="--lenpen")
+    max_len_a: float = opt(1.0, "maximum output length = a * source length + b", at_least=0)
+    max_len_b: int = opt(50, "maximum output length = a * source length + b", at_least=0)
+    max_tokens: int = opt(12000, "source-token budget of one batch, padding included", flag="--max-tokens",
+                          at_least=1)
+    chunk_lines: int = opt(20000, "lines read, sorted and translated at a time (memory stays flat)",
+                           at_least=1)
+    input_format: Literal["raw", "pieces"] = opt(
+        "raw", "raw text, or text already split into sentencepiece pieces", flag="--input-format")
+    output_format: Literal["raw", "pieces"] = opt(
+        "raw", "detokenized text, or space-separated sentencepiece pieces", flag="--output-format")
+    device: Device = opt("auto", "auto: cuda when available, else cpu", flag="--device")
+    dtype: Precision = opt("auto", "auto: bf16 on cuda, fp32 on cpu", flag="--dtype")
+    threads: int = opt(0, "CPU threads (0: one per core); on the CPU each searches its own batch",
+                       flag="--threads", at_least=0)
+    compile: bool = opt(False, "run the decoder step through torch.compile (on the CPU in one process per "
+                        "thread, each with a copy of the model): faster in bf16, after a minute or more of "
+                        "compiling (less once cached); needs a C++ compiler (g++, or $CXX)",
+                        flag="--compile/--no-compile")

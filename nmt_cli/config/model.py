@@ -1,0 +1,43 @@
+"""The Transformer's shape (arXiv 1706.03762, section 3 and table 3) and its named presets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from nmt_cli.config.core import opt
+from nmt_cli.errors import NmtError
+
+
+@dataclass
+class ModelConfig:
+    encoder_layers: int = opt(6, "encoder layers N", at_least=1)
+    decoder_layers: int = opt(6, "decoder layers N", at_least=1)
+    d_model: int = opt(512, "model width d_model", at_least=2)
+    d_ff: int = opt(2048, "feed-forward inner width d_ff", at_least=1)
+    heads: int = opt(8, "attention heads h (d_k = d_model / h)", at_least=1)
+    dropout: float = opt(0.1, "P_drop on every sub-layer output and on embedding+position sums",
+                         at_least=0, below=1)
+    attention_dropout: float = opt(0.0, "dropout on attention weights (not in the paper)", at_least=0,
+                                   below=1)
+    activation_dropout: float = opt(0.0, "dropout after the feed-forward ReLU (not in the paper)", at_least=0,
+                                    below=1)
+    max_positions: int = opt(1024, "longest source or target (in tokens, with EOS) the model accepts",
+                             at_least=2)
+    norm: Literal["post", "pre"] = opt("post", "post-norm (paper) or pre-norm residual blocks")
+
+    def __post_init__(self) -> None:
+        """What the Transformer's shapes need: checked here, so that a setting from YAML or --set, or
+        the config inside a model file, is refused with a message instead of failing inside torch."""
+        if self.heads > 0 and (self.d_model % self.heads or self.d_model % 2):
+            raise NmtError(f"model.d_model ({self.d_model}) must be even (sinusoidal positions) and "
+                           f"divisible by model.heads ({self.heads})")
+
+
+ARCHS: dict[str, ModelConfig] = {
+    "transformer_base": ModelConfig(),
+    "transformer_big": ModelConfig(d_model=1024, d_ff=4096, heads=16, dropout=0.3),
+    "transformer_small": ModelConfig(encoder_layers=3, decoder_layers=3, d_model=256, d_ff=1024, heads=4),
+    "transformer_tiny": ModelConfig(encoder_layers=2, decoder_layers=2, d_model=128, d_ff=512, heads=4),
+}
+Arch = Literal["transformer_base", "transformer_big", "transformer_small", "transformer_tiny"]
