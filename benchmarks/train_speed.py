@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 import torch
+from machine import describe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -165,6 +166,7 @@ def main() -> None:
                         help="on a shared machine: before each row, wait up to this long for an idle CPU")
     args = parser.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
+    print(describe())
     print(f"{args.arch}, vocabulary {args.vocab}, max_tokens {args.max_tokens}, torch {torch.__version__}, "
           f"load average before: {os.getloadavg()[0]:.1f} (other processes on the CPU lower every number)")
     print("MFU = (6*(P_enc*src_tokens + P_dec*tgt_tokens) + 12*D*L*(sum S^2 + sum T^2/2 + sum S*T)) / s / peak")

@@ -29,6 +29,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `nmt translate` does; 
 import sacrebleu
 import sentencepiece as spm
 import torch
+from machine import describe
 
 from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.inference.replicas import Replicas
@@ -72,6 +73,7 @@ def main() -> None:
     refs = args.reference.read_text(encoding="utf-8").splitlines()[: args.sentences]
     model, dictionary, spm_bytes = checkpoint.load_model(args.model)
     sp = spm.SentencePieceProcessor(model_proto=spm_bytes)
+    print(describe())
     print(f"model {args.model}: {model.cfg.encoder_layers}+{model.cfg.decoder_layers} layers, d_model "
           f"{model.cfg.d_model}, vocabulary {len(dictionary)}; {len(lines)} sentences of {args.source.name}, "
           f"{args.threads} threads, torch {torch.__version__}")

@@ -77,8 +77,8 @@ def _run(stage: str, values: dict[str, Any], config: Path | None, sets: list[str
         if stage == "train":  # the arch preset fills `model` first; YAML and command line then override it
             cfg = resolve(TrainConfig, config, values, sets, base=train_base(cfg.arch))
         if stage == "translate":
-            # OpenMP threads that spin while waiting burn a core another process needs (2 threads on 2
-            # shared cores: translation ran 10x slower). Read when torch loads; a user's value wins.
+            # OpenMP threads that spin while waiting burn a core another process needs (translation on
+            # shared cores ran many times slower). Read when torch loads; a user's value wins.
             os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         module = importlib.import_module(f"nmt_cli.{STAGE_MODULES[stage]}")
         module.run(cfg)

@@ -132,7 +132,7 @@ def test_library_modules_know_nothing_of_distribution(module: str) -> None:
 
 
 def test_cpu_dropout_drops_at_its_rate_and_keeps_the_expectation() -> None:
-    from nmt_cli.model.transformer import Dropout
+    from nmt_cli.model.kernels import Dropout
 
     torch.manual_seed(0)
     layer, x = Dropout(0.1), torch.ones(200, 500)
@@ -152,7 +152,7 @@ def test_cpu_dropout_drops_at_its_rate_and_keeps_the_expectation() -> None:
 @pytest.mark.parametrize("causal", [False, True])
 def test_cpu_attention_equals_torch_sdpa(causal: bool) -> None:
     """The CPU's explicit softmax(QK^T/sqrt(K))V gives what scaled_dot_product_attention gives."""
-    from nmt_cli.model.transformer import attention
+    from nmt_cli.model.kernels import attention
 
     g = torch.Generator().manual_seed(11)
     q, k, v = (torch.randn(3, 2, 5, 8, generator=g) for _ in range(3))

@@ -15,11 +15,10 @@ from conftest import why_torch_compile_cannot_run
 from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.config.model import ModelConfig
 from nmt_cli.data.dataset import BOS, EOS, PAD
-from nmt_cli.inference import search
+from nmt_cli.inference.beams import Beams, best_tokens, group_size
 from nmt_cli.inference.search import (
     SMALLEST_SHARED_BATCH,
     _batches,
-    _beams,
     beam_search,
     compile_decoder,
     length_penalty,
@@ -27,7 +26,7 @@ from nmt_cli.inference.search import (
     reference_search,
     translate_ids,
 )
-from nmt_cli.model.transformer import Transformer, _group_size, best_tokens
+from nmt_cli.model.transformer import Transformer
 from nmt_cli.training import checkpoint
 
 TINY = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0, max_positions=64)
@@ -69,7 +68,7 @@ def test_max_output_length_is_a_times_source_plus_b_capped_by_positions() -> Non
 
 
 def test_live_slots_are_numbered_in_order() -> None:
-    beams = _beams(torch.tensor([[True, True, False], [True, False, False], [True, True, True]]))
+    beams = Beams.of(torch.tensor([[True, True, False], [True, False, False], [True, True, True]]))
     assert beams.slot.tolist() == [0, 1, 3, 6, 7, 8]
     assert beams.row.tolist() == [[0, 1, 6], [2, 6, 6], [3, 4, 5]]  # 6: no row
 
@@ -83,7 +82,7 @@ def test_decode_step_equals_full_forward(live: list[list[bool]], order: list[int
     attend to their own sentence's encoder states, also when sentences keep different numbers of
     live hypotheses and only the live slots get rows."""
     slots = torch.tensor(live)
-    beams = None if slots.all() else _beams(slots)
+    beams = None if slots.all() else Beams.of(slots)
     sentence = slots.reshape(-1).nonzero()[:, 0] // slots.shape[1]  # of each row
     rows, steps = len(sentence), 5
     model = random_model(24, seed=0)
@@ -109,7 +108,7 @@ def test_best_tokens_in_two_stages_when_compiled_equal_topk() -> None:
     tokens and log-probabilities `topk` over `log_softmax` gives, never PAD or BOS."""
     if (reason := why_torch_compile_cannot_run()) is not None:
         pytest.skip(reason)
-    assert _group_size(7968) == 96 and _group_size(32000) == 160 and _group_size(64) == 0
+    assert group_size(7968) == 96 and group_size(32000) == 160 and group_size(64) == 0
     torch.manual_seed(0)
     logits = torch.randn(50, 7968) * 3
     logits[0, PAD] = logits[1, BOS] = 100.0  # the most probable, and never produced
@@ -132,10 +131,11 @@ def test_compiled_search_equals_reference(monkeypatch: pytest.MonkeyPatch) -> No
     model = random_model(256, seed=0)
     with torch.no_grad():
         model.embed.weight[EOS] *= 2  # EOS likely enough that hypotheses end at different steps
-    assert _group_size(256) == 32
+    assert group_size(256) == 32
     compile_decoder(model, beam=5)
     layouts = []
-    monkeypatch.setattr(search, "_beams", lambda live: layouts.append(live) or _beams(live))
+    spread_rows = Beams.of
+    monkeypatch.setattr(Beams, "of", staticmethod(lambda live: layouts.append(live) or spread_rows(live)))
     sources = random_sources(256, [3, 7, 1, 5, 9, 2, 6, 4], seed=0)
     settings = dict(beam=5, nbest=2, lenpen=0.6, max_len_a=1.0, max_len_b=4)
     found = beam_search(model, padded(sources), **settings)

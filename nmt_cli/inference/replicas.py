@@ -4,10 +4,9 @@ A decoder compiled with torch.compile runs best as one search per core, each on 
 the eager decoder's one batch per thread (`translate_ids`). But dynamo, which runs a compiled
 function, is not thread-safe, so such searches cannot share a process: each of `count` processes
 (started with "spawn", not "fork", which is unsafe after torch has started threads) loads the model
-file itself, compiles its decoder on one thread and then searches whatever batch it is sent.
-Measured on 2 cores, bf16, beam 4, 1000 sentences of newstest2014 (`benchmarks/translate_speed.py
---compile`): 167.1 sentences/s in two processes against 141.3 for one compiled search on both
-threads (and 131.1 eager). Each process holds its own copy of the weights.
+file itself, compiles its decoder on one thread and then searches whatever batch it is sent (faster
+than one compiled search on all threads: `benchmarks/translate_speed.py --compile`, figures in
+benchmarks/README.md). Each process holds its own copy of the weights.
 """
 
 from __future__ import annotations

@@ -31,9 +31,10 @@ import ctypes
 import functools
 import itertools
 import math
+import weakref
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, NamedTuple
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -42,10 +43,8 @@ from torch.fx.experimental import _config as fx_config  # its use_duck_shape: se
 
 from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.data.dataset import BOS, EOS, PAD
-from nmt_cli.model.transformer import Beams, Cache, Encoded, NextTokens, Transformer, best_tokens
-
-if TYPE_CHECKING:
-    from nmt_cli.inference.replicas import Replicas
+from nmt_cli.inference.beams import Beams, NextTokens, best_tokens, next_tokens
+from nmt_cli.model.transformer import Cache, Encoded, Transformer
 
 
 class Hypothesis(NamedTuple):
@@ -75,11 +74,12 @@ class IncrementalDecoder:
 
     def __init__(self, model: Transformer, src: Tensor) -> None:
         self.model = model
+        self.next_tokens = _compiled.get(model, next_tokens)
         self.enc = model.encode(src)
         self.cache = model.start_decoding(self.enc)
 
     def step(self, tokens: Tensor, history: Tensor, step: int, beams: Beams | None, k: int) -> NextTokens:
-        return self.model.next_tokens(tokens, step, self.enc, self.cache, k, beams)
+        return self.next_tokens(self.model, tokens, step, self.enc, self.cache, k, beams)
 
     def reorder(self, rows: Tensor, sentences: Tensor | None) -> None:
         self.enc, self.cache = self.model.reorder(self.enc, self.cache, rows, sentences)
@@ -144,13 +144,6 @@ def _live_first(live: Tensor, values: Tensor, rows: Tensor, tokens: Tensor) -> t
     return live, torch.where(live, values.gather(1, order), -math.inf), rows.gather(1, order), tokens.gather(1, order)
 
 
-def _beams(live: Tensor) -> Beams:
-    """The decoder's rows for the slots where `live` (B, W) is True, in order (`Beams`)."""
-    flat = live.reshape(-1)
-    slot = flat.nonzero()[:, 0]
-    return Beams(torch.where(flat, flat.cumsum(0) - 1, len(slot)).view(live.shape), slot)
-
-
 class _Finished:
     """Finished hypotheses of the sentences of one batch, and each one's nbest-th best score."""
 
@@ -213,14 +206,18 @@ def beam_search(model: Transformer, src: Tensor, *, beam: int, nbest: int, lenpe
         if bool(live.all()):
             beams, rows, tokens = None, rows.reshape(-1), new_tokens.reshape(-1)
         else:  # sentences with fewer live hypotheses than others: their empty slots get no row
-            beams, rows, tokens = _beams(live), rows[live], new_tokens[live]
+            beams, rows, tokens = Beams.of(live), rows[live], new_tokens[live]
         history = torch.cat([history.index_select(0, rows), tokens[:, None]], dim=1)
         decoder.reorder(rows, keep)
     return [found[:nbest] for found in finished.hypotheses]
 
 
+# The compiled `next_tokens` of each model `compile_decoder` was called for.
+_compiled: weakref.WeakKeyDictionary[Transformer, Callable[..., NextTokens]] = weakref.WeakKeyDictionary()
+
+
 def compile_decoder(model: Transformer, beam: int) -> None:
-    """From now on run `model.next_tokens` (the decoder step and its best `beam` tokens) through
+    """From now on run `next_tokens` of `model` (the decoder step and its best `beam` tokens) through
     torch.compile, and compile it here, on small batches searched with `beam`, so that a failure (no
     C++ compiler) shows before any work starts.
 
@@ -233,17 +230,18 @@ def compile_decoder(model: Transformer, beam: int) -> None:
     its search for seconds. Dynamo is not thread-safe: a
     compiled decoder is for one search at a time (`translate_ids` with workers=1; `replicas` for several).
     """
-    compiled = torch.compile(model.next_tokens, dynamic=True)
+    compiled = torch.compile(next_tokens, dynamic=True)
 
-    def next_tokens(tokens: Tensor, step: int, enc: Encoded, cache: Cache, k: int, beams: Beams | None) -> NextTokens:
+    def compiled_next_tokens(model: Transformer, tokens: Tensor, step: int, enc: Encoded, cache: Cache, k: int,
+                             beams: Beams | None) -> NextTokens:
         # Always the best `beam` tokens, so that the greedy warm-up makes graphs for the beam search
         # (more than k change nothing). No duck sizing: by default, sizes equal when first compiled
         # are assumed equal for good (4 slots a sentence and 4 heads), and each later difference
         # costs a recompile in the middle of a search.
         with fx_config.patch(use_duck_shape=False):
-            return compiled(tokens, step, enc, cache, max(k, beam), beams)
+            return compiled(model, tokens, step, enc, cache, max(k, beam), beams)
 
-    model.next_tokens = next_tokens
+    _compiled[model] = compiled_next_tokens
     device = next(model.parameters()).device
     word = min(4, model.vocab_size - 1)  # any token after the specials
     for width in sorted({beam, 1}, reverse=True):
@@ -257,9 +255,17 @@ def compile_decoder(model: Transformer, beam: int) -> None:
 # -- many sentences -----------------------------------------------------------------------------
 
 
+class Pool(Protocol):
+    """Worker processes that search batches with their own copy of the model (`replicas.Replicas`)."""
+
+    count: int
+
+    def submit(self, src: Tensor) -> Future[list[list[Hypothesis]]]: ...
+
+
 def translate_ids(model: Transformer, sources: Sequence[Sequence[int]], cfg: TranslateConfig,
                   on_batch: Callable[[int], None] | None = None, workers: int = 1,
-                  cached: bool = True, replicas: Replicas | None = None) -> list[list[Hypothesis]]:
+                  cached: bool = True, replicas: Pool | None = None) -> list[list[Hypothesis]]:
     """Translate token-id sequences (each ending in EOS, none longer than the model's
     max_positions) in batches of similar length, longest first, of at most `cfg.max_tokens` padded
     source tokens. Returns each source's n-best list in input order; `on_batch(n)` after each batch of
@@ -267,7 +273,7 @@ def translate_ids(model: Transformer, sources: Sequence[Sequence[int]], cfg: Tra
 
     `workers` > 1 searches that many batches at once in threads (torch releases the GIL inside its
     operations): on the CPU, with torch's own threads set to 1, this uses the cores far better than
-    torch's threads inside each small operation (measured 1.65x vs 1.2x on 2 cores). A batch is then
+    torch's threads inside each small operation (benchmarks/README.md). A batch is then
     made when a worker is free, from the tokens not yet handed out (`_batches`): large while much is
     left, small at the end, so that the workers finish together. `replicas`: the batches are searched
     by those worker processes instead (a compiled decoder; `workers` is then their count).
@@ -320,7 +326,7 @@ def translate_ids(model: Transformer, sources: Sequence[Sequence[int]], cfg: Tra
 def keep_freed_memory() -> None:
     """Make glibc's malloc keep and reuse freed memory instead of handing every large block back to
     the system: a decoding step allocates and frees tensors of many MB, and each fresh page from the
-    system costs a page fault (the cache reorders ran 3-7x slower). Memory still peaks where use
+    system costs a page fault, and the cache reorders ran several times slower. Memory still peaks where use
     peaks. Linux/glibc only; elsewhere nothing changes."""
     try:
         libc = ctypes.CDLL("libc.so.6")
@@ -338,8 +344,8 @@ def _batches(sizes: np.ndarray, max_tokens: int, workers: int) -> Iterator[np.nd
     """Indices of `sizes` in batches, longest first, each of at most `max_tokens` padded tokens (a
     longer sentence alone). For several workers, each batch holds at most 1 / workers of the tokens
     not yet handed out (but at least SMALLEST_SHARED_BATCH): guided self-scheduling, made lazily as
-    workers come free, so that the last batches are small and the workers finish together (measured
-    on 2 cores, 1000 sentences of newstest2014: 7.7 s against 8.45 s for equal batches handed out in turn)."""
+    workers come free, so that the last batches are small and the workers finish together, where equal
+    batches handed out in turn leave the last worker alone at the end (benchmarks/README.md)."""
     order = np.argsort(-sizes, kind="stable")
     start, left = 0, int(sizes.sum())
     while start < len(order):

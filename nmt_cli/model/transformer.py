@@ -5,42 +5,39 @@ Shape legend for every tensor comment in the package:
     B batch, S source length, T target length, D model width (d_model), H heads,
     K head width (d_k = D / H), F feed-forward width (d_ff), V vocabulary.
 
-The model knows nothing about distribution, checkpoints or search: `train` wraps it in DDP,
-`search` drives `start_decoding` / `decode_step` / `reorder`.
+The model knows nothing about distribution, checkpoints or search: `training` wraps it in DDP,
+`inference.search` drives `start_decoding` / `decode_step` / `reorder`. How attention and dropout
+run on each device is in `kernels.py`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt_cli.config.model import ModelConfig
-from nmt_cli.data.dataset import BOS, EOS, PAD
+from nmt_cli.data.dataset import PAD
+from nmt_cli.model.kernels import Dropout, attention, attention_weights, cached_attention
 
 # One dict per decoder layer: "memory_k"/"memory_v" over the encoder output (one copy per sentence),
 # "k"/"v" of the self-attention so far (one per row), "k_next"/"v_next" prepared by `reorder`.
 Cache = list[dict[str, Tensor]]
 
 
-class Beams(NamedTuple):
-    """Where the decoder's rows sit among the sentences' beams when the sentences keep different numbers
-    of live hypotheses: each of B sentences has W slots, and only the N slots that hold one get a row."""
+class Slots(Protocol):
+    """Where the decoder's N rows sit when the B sentences keep different numbers of live hypotheses:
+    W slots a sentence, only the occupied ones with a row (the search's `inference.beams.Beams`)."""
 
-    row: Tensor  # (B, W): the row of slot w of sentence b; N (no row) where the slot is empty
     slot: Tensor  # (N,): the flat position b * W + w of each row
 
     def spread(self, rows: Tensor, fill: float) -> Tensor:
         """rows (N, ...) -> (B, W, ...): each row in its slot, `fill` in the empty ones."""
-        return torch.cat([rows, rows.new_full((1, *rows.shape[1:]), fill)])[self.row]
-
-    def sentence(self) -> Tensor:
-        """(N,): the sentence of each row."""
-        return self.slot // self.row.shape[1]
+        ...
 
 
 def sinusoids(length: int, d_model: int) -> Tensor:
@@ -54,115 +51,6 @@ def sinusoids(length: int, d_model: int) -> Tensor:
     return table.float()  # (L, D)
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, dropout: float) -> Tensor:
-    """softmax(Q K^T / sqrt(K)) V (section 3.2.1): (B, H, T, K) queries over (B, H, L, K) keys and
-    values -> (B, H, T, K). `mask` (broadcast to (B, H, T, L)) is True where attending is allowed;
-    `causal` lets query t see keys <= t.
-
-    GPUs take `scaled_dot_product_attention` and its fused kernels. A CPU takes two batched matrix
-    products around a float32 softmax: for translation's short sentences that is several times
-    faster than torch's fused CPU kernels (bf16, (80, 4, 32, 64) heads, forward + backward: 3.4 ms
-    against 20 ms for the flash kernel and 12 ms for torch's own math path, which computes in float32).
-    """
-    if q.device.type != "cpu":
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
-    weights = attention_weights(q, k, mask, causal).to(v.dtype)
-    if dropout > 0:
-        weights = F.dropout(weights, dropout)
-    return weights @ v
-
-
-def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-    """`attention` of incremental decoding: a few queries (the beams of a sentence, or one row's newest
-    position) over cached keys and values. Inside torch.compile on a CPU it is written as products and
-    sums, which inductor fuses into one kernel that reads each cached key and value once: 2-3x faster
-    than the two batched matrix products, which it leaves to torch (bf16, 240 rows over 8-80 cached
-    positions: 0.5-2.7 against 1.5-6.0 us a row). Elsewhere it is `attention`."""
-    if not (torch.compiler.is_compiling() and q.device.type == "cpu"):
-        return attention(q, k, v, mask, causal=False, dropout=0.0)
-    scores = (q.float()[:, :, :, None] * q.shape[-1] ** -0.5 * k.float()[:, :, None]).sum(-1)  # (B, H, T, L)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    return (weights[..., None] * v.float()[:, :, None]).sum(-2).to(v.dtype)  # (B, H, T, K)
-
-
-class NextTokens(NamedTuple):
-    """The most probable next tokens of each decoder row, best first."""
-
-    log_probs: Tensor  # (N, k) float32
-    tokens: Tensor  # (N, k)
-    eos: Tensor  # (N,) float32: the log-probability of EOS
-
-
-def best_tokens(logits: Tensor, k: int) -> NextTokens:
-    """The k most probable tokens of each row of logits (N, V) other than PAD and BOS (which no output
-    contains; the probabilities are not renormalised without them), and every row's EOS log-probability.
-
-    Inside torch.compile on a CPU, for a vocabulary of size G * groups with G a multiple of 8 (see
-    `_group_size`), the top k are found in two stages: the maximum of each group of G logits (one
-    fused pass over the logits), then the top k among the logits of the k groups with the largest
-    maxima, which hold them (a group holding one of them has a maximum at least as large). Their
-    log-probabilities are the logits minus the log-sum-exp, in float32. In a compiled search (bf16,
-    one thread, 300 sentences of newstest2014, 7968 tokens) this took 0.27 s where `log_softmax` and
-    `topk` over whole rows took 0.49 s. Elsewhere it is `log_softmax` + `topk`. Equal logits may be
-    ranked in a different order by the two.
-    """
-    N, V = logits.shape
-    G = _group_size(V)
-    if not (torch.compiler.is_compiling() and logits.device.type == "cpu" and G and k <= V // G):
-        log_probs = torch.log_softmax(logits, dim=-1)  # accumulates in fp32; keeps the logits' dtype
-        log_probs[:, PAD] = -math.inf
-        log_probs[:, BOS] = -math.inf
-        top, tokens = log_probs.topk(min(k, V), dim=-1)
-        return NextTokens(top.float(), tokens, log_probs[:, EOS].float())
-    lse = torch.logsumexp(logits.float(), dim=-1, keepdim=True)  # (N, 1)
-    columns = torch.arange(V, device=logits.device).view(V // G, G)
-    allowed = (columns != PAD) & (columns != BOS)
-    groups = torch.where(allowed, logits.view(N, V // G, G), -math.inf)  # (N, V / G, G)
-    chosen = groups.amax(-1).topk(k, dim=-1).indices  # (N, k) groups
-    candidates = groups.gather(1, chosen[:, :, None].expand(N, k, G)).view(N, k * G)
-    top, index = candidates.topk(k, dim=-1)
-    tokens = chosen.gather(1, index // G) * G + index % G
-    return NextTokens(top.float() - lse, tokens, logits[:, EOS].float() - lse[:, 0])
-
-
-def _group_size(vocab: int) -> int:
-    """For `best_tokens`: the multiple of 8 that divides `vocab` closest to its square root (0: none
-    from 32 to vocab / 8)."""
-    sizes = [g for g in range(32, vocab // 8 + 1, 8) if vocab % g == 0]
-    return min(sizes, key=lambda g: abs(g - math.sqrt(vocab)), default=0)
-
-
-def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
-    """The softmax rows softmax(Q K^T / sqrt(K)) of `attention`, (B, H, T, L) in float32, masked
-    positions exactly 0: on a CPU, the rows it multiplies V by; a GPU's fused kernel matches them to
-    rounding (`nmt attention` calls it there to look at them)."""
-    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (B, H, T, L)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    if causal:
-        T, L = scores.shape[-2:]
-        scores = scores.masked_fill(torch.ones(T, L, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
-    return torch.softmax(scores.float(), dim=-1)
-
-
-class Dropout(nn.Dropout):
-    """Dropout that draws its mask faster on a CPU: four 16-bit random numbers from each 64-bit draw,
-    instead of one draw per element (forward + backward 2.1 ms against 3.5 ms for an (80, 32, 256)
-    tensor on a 2-core AVX512-BF16 CPU; 17 calls per step of a 6-layer model). The drop probability is rounded to a multiple of 1/65536
-    (0.1 becomes 0.100006); kept values are scaled by 1 / (1 - that probability). GPUs keep torch's."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0 or x.device.type != "cpu":
-            return super().forward(x)
-        drop_below = round(self.p * 65536)  # draws in [0, drop_below) of [0, 65536) are dropped
-        n = x.numel()
-        bits = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=x.device)
-        keep = bits.view(torch.int16)[:n].view(x.shape) >= drop_below - 32768
-        return x * keep * (65536 / (65536 - drop_below))  # scaled in float32 then rounded, as torch does
-
-
 class Encoded(NamedTuple):
     memory: Tensor  # (B, S, D) encoder output
     mask: Tensor  # (B, 1, 1, S) True where the source token is real, for attention over it
@@ -171,7 +59,7 @@ class Encoded(NamedTuple):
 class Attention(nn.Module):
     """Multi-head scaled dot-product attention: softmax(Q K^T / sqrt(K)) V per head, then W^O (3.2).
 
-    `recorder`, None except while `nmt attention` looks (see `attention.recording`), is called with
+    `recorder`, None except while `nmt attention` looks (see `evaluation.attention_maps.recording`), is called with
     every softmax (B, H, T, L) this layer applies; the output is computed as always.
     """
 
@@ -271,7 +159,7 @@ class DecoderLayer(nn.Module):
         self.ffn = FeedForward(cfg)
         self.self_block, self.cross_block, self.ffn_block = Residual(cfg), Residual(cfg), Residual(cfg)
 
-    def forward(self, x: Tensor, enc: Encoded, cache: dict[str, Tensor] | None, beams: Beams | None = None) -> Tensor:
+    def forward(self, x: Tensor, enc: Encoded, cache: dict[str, Tensor] | None, beams: Slots | None = None) -> Tensor:
         """x (B, T, D) -> (B, T, D). With a cache, x is the newest position only (T = 1)."""
         x = self.self_block(x, lambda h: self._self_attention(h, cache))
         x = self.cross_block(x, lambda h: self._cross_attention(h, enc, cache, beams))
@@ -285,7 +173,7 @@ class DecoderLayer(nn.Module):
         return self.self_attn.attend(q, _append(cache, "k", k), _append(cache, "v", v), cached=True)
 
     def _cross_attention(self, h: Tensor, enc: Encoded, cache: dict[str, Tensor] | None,
-                         beams: Beams | None) -> Tensor:
+                         beams: Slots | None) -> Tensor:
         if cache is None:
             k, v = self.cross_attn.keys_values(enc.memory)
             return self.cross_attn.attend(self.cross_attn.query(h), k, v, mask=enc.mask)
@@ -384,7 +272,7 @@ class Transformer(nn.Module):
             cache.append({"memory_k": k.contiguous(), "memory_v": v.contiguous()})
         return cache
 
-    def decode_step(self, tokens: Tensor, step: int, enc: Encoded, cache: Cache, beams: Beams | None = None) -> Tensor:
+    def decode_step(self, tokens: Tensor, step: int, enc: Encoded, cache: Cache, beams: Slots | None = None) -> Tensor:
         """tokens (N,) at target position `step` (0 for BOS) -> logits (N, V) of the next token. Rows
         are grouped by sentence: without `beams`, N = B * beam and rows b * beam ... (b + 1) * beam - 1
         belong to sentence b of `enc` (B sentences; beam may be 1); `beams` says where they are when
@@ -393,11 +281,6 @@ class Transformer(nn.Module):
         for layer, layer_cache in zip(self.decoder, cache, strict=True):
             x = layer(x, enc, layer_cache, beams)
         return self.logits(self.decoder_norm(x[:, 0]))
-
-    def next_tokens(self, tokens: Tensor, step: int, enc: Encoded, cache: Cache, k: int,
-                    beams: Beams | None = None) -> NextTokens:
-        """`decode_step`, then each row's k most probable next tokens (`best_tokens`)."""
-        return best_tokens(self.decode_step(tokens, step, enc, cache, beams), k)
 
     @staticmethod
     def reorder(enc: Encoded, cache: Cache, order: Tensor, sentences: Tensor | None = None) -> tuple[Encoded, Cache]:

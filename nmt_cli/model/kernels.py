@@ -1,0 +1,74 @@
+"""How the model's attention and dropout run on each device: the paper's operations, with CPU paths
+that compute the same thing faster than torch's defaults do for translation's short sentences.
+
+`transformer.py` calls these and nothing device-specific itself. GPUs take torch's own kernels
+(`scaled_dot_product_attention`, `nn.Dropout`). Speeds of each path against torch's:
+`benchmarks/model_kernels.py`, figures in benchmarks/README.md ("Model kernels").
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, dropout: float) -> Tensor:
+    """softmax(Q K^T / sqrt(K)) V (section 3.2.1): (B, H, T, K) queries over (B, H, L, K) keys and
+    values -> (B, H, T, K). `mask` (broadcast to (B, H, T, L)) is True where attending is allowed;
+    `causal` lets query t see keys <= t.
+
+    GPUs take `scaled_dot_product_attention` and its fused kernels. A CPU takes two batched matrix
+    products around a float32 softmax (`attention_weights`): for short sentences, faster than torch's
+    fused CPU kernels and its math path.
+    """
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+    weights = attention_weights(q, k, mask, causal).to(v.dtype)
+    if dropout > 0:
+        weights = F.dropout(weights, dropout)
+    return weights @ v
+
+
+def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """`attention` of incremental decoding: a few queries (the beams of a sentence, or one row's newest
+    position) over cached keys and values. Inside torch.compile on a CPU it is written as products and
+    sums, which inductor fuses into one kernel that reads each cached key and value once, where it
+    would leave two batched matrix products to torch (alone, on one AVX512 CPU, the fusion was not
+    the faster: benchmarks/README.md). Elsewhere it is `attention`."""
+    if not (torch.compiler.is_compiling() and q.device.type == "cpu"):
+        return attention(q, k, v, mask, causal=False, dropout=0.0)
+    scores = (q.float()[:, :, :, None] * q.shape[-1] ** -0.5 * k.float()[:, :, None]).sum(-1)  # (B, H, T, L)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return (weights[..., None] * v.float()[:, :, None]).sum(-2).to(v.dtype)  # (B, H, T, K)
+
+
+def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+    """The softmax rows softmax(Q K^T / sqrt(K)) of `attention`, (B, H, T, L) in float32, masked
+    positions exactly 0: on a CPU, the rows it multiplies V by; a GPU's fused kernel matches them to
+    rounding (`nmt attention` calls it there to look at them)."""
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (B, H, T, L)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    if causal:
+        T, L = scores.shape[-2:]
+        future = torch.ones(T, L, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    return torch.softmax(scores.float(), dim=-1)
+
+
+class Dropout(nn.Dropout):
+    """Dropout that draws its mask faster on a CPU: four 16-bit random numbers from each 64-bit draw,
+    instead of one draw per element. The drop probability is rounded to a multiple of 1/65536 (0.1
+    becomes 0.100006); kept values are scaled by 1 / (1 - that probability). GPUs keep torch's."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0 or x.device.type != "cpu":
+            return super().forward(x)
+        drop_below = round(self.p * 65536)  # draws in [0, drop_below) of [0, 65536) are dropped
+        n = x.numel()
+        bits = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=x.device)
+        keep = bits.view(torch.int16)[:n].view(x.shape) >= drop_below - 32768
+        return x * keep * (65536 / (65536 - drop_below))  # scaled in float32 then rounded, as torch does
