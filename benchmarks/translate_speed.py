@@ -35,7 +35,7 @@ from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.inference.replicas import Replicas
 from nmt_cli.inference.search import keep_freed_memory, translate_ids
 from nmt_cli.inference.translate import Translator
-from nmt_cli.training import checkpoint
+from nmt_cli.model import file as model_file
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "wmt14-newstest2014" / "en-de"
 
@@ -71,7 +71,7 @@ def main() -> None:
     torch.set_num_threads(1)
     lines = args.source.read_text(encoding="utf-8").splitlines()[: args.sentences]
     refs = args.reference.read_text(encoding="utf-8").splitlines()[: args.sentences]
-    model, dictionary, spm_bytes = checkpoint.load_model(args.model)
+    model, dictionary, spm_bytes = model_file.load_model(args.model)
     sp = spm.SentencePieceProcessor(model_proto=spm_bytes)
     print(describe())
     print(f"model {args.model}: {model.cfg.encoder_layers}+{model.cfg.decoder_layers} layers, d_model "

@@ -17,6 +17,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("NMT_SHARED_DATA", REPO.parent / "shared" / "data"))
+# The tests' side of nmt_cli.hooks, in this process and every one it starts (fault_hooks.py): each
+# hook acts only when a test sets its own variable (NMT_TEST_FAULTS, ...).
+os.environ["NMT_TEST_HOOKS"] = str(Path(__file__).with_name("fault_hooks.py"))
 
 
 @pytest.fixture(scope="session")
@@ -174,10 +177,10 @@ def toy_spm(tmp_path_factory: pytest.TempPathFactory):
 
 def save_model_file(path: Path, model, dictionary, spm_bytes: bytes, update: int = 0, kind: str = "model") -> Path:
     """Write `model` as `nmt train` / `nmt average` would (the training state left out)."""
-    from nmt_cli.training import checkpoint
+    from nmt_cli.model import file as model_file
 
-    checkpoint.save(path, {"kind": kind, "meta": {"update": update},
-                           **checkpoint.model_state(model, model.cfg, dictionary, spm_bytes)})
+    model_file.save(path, {"kind": kind, "meta": {"update": update},
+                           **model_file.model_state(model, model.cfg, dictionary, spm_bytes)})
     return path
 
 

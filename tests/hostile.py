@@ -213,7 +213,7 @@ def model_files(good: Path, folder: Path, marker: Path) -> dict[str, Path]:
     Loading "pickle_with_code" or "raw_pickle" unsafely would create `marker`."""
     import torch
 
-    from nmt_cli.training import checkpoint
+    from nmt_cli.model import file as model_file
 
     folder.mkdir(parents=True, exist_ok=True)
     data = good.read_bytes()
@@ -228,10 +228,10 @@ def model_files(good: Path, folder: Path, marker: Path) -> dict[str, Path]:
         paths[name] = folder / f"{name}.pt"
         paths[name].write_bytes(content)
     paths["pickle_with_code"] = folder / "pickle_with_code.pt"
-    torch.save({"format": checkpoint.FORMAT, "model": _RunsCode(marker)}, paths["pickle_with_code"])
+    torch.save({"format": model_file.FORMAT, "model": _RunsCode(marker)}, paths["pickle_with_code"])
     paths["foreign_torch_file"] = folder / "foreign_torch_file.pt"
     torch.save({"state_dict": {"weight": torch.zeros(3)}}, paths["foreign_torch_file"])
-    state = checkpoint.load(good)
+    state = model_file.load(good)
     parts = {  # valid checksums, parts nmt does not write
         "nmt_without_weights": {k: v for k, v in state.items() if k != "model"},
         "nmt_weights_not_tensors": {**state, "model": {"w": 5}},
@@ -243,7 +243,7 @@ def model_files(good: Path, folder: Path, marker: Path) -> dict[str, Path]:
     }
     for name, broken in parts.items():
         paths[name] = folder / f"{name}.pt"
-        checkpoint.save(paths[name], broken)
+        model_file.save(paths[name], broken)
     paths["a_folder"] = folder / "a_folder.pt"
     paths["a_folder"].mkdir()
     return paths

@@ -26,8 +26,8 @@ from nmt_cli.evaluation.attention_maps import (
     recording,
     token_label,
 )
+from nmt_cli.model import file as model_file
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.training import checkpoint
 
 VOCAB = 40
 SMALL = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.1)
@@ -149,7 +149,7 @@ SOURCE = "red cat sings near the river"
 def test_json_holds_the_model_weights_for_every_kind(tiny_trained_model: Path, tmp_path: Path) -> None:
     """The JSON of each kind against a recomputation from the model file; the target is the model's
     own beam-search translation, the one `nmt translate` gives."""
-    model, dictionary, _ = checkpoint.load_model(tiny_trained_model)
+    model, dictionary, _ = model_file.load_model(tiny_trained_model)
     translation = nmt("translate", tiny_trained_model, input=SOURCE + "\n").stdout.strip()
     source = [*_pieces(tiny_trained_model, SOURCE), "</s>"]
     src = torch.tensor([[dictionary.index[s] for s in source]])
@@ -186,7 +186,7 @@ def test_json_holds_the_model_weights_for_every_kind(tiny_trained_model: Path, t
 def _pieces(model_file: Path, text: str) -> list[str]:
     import sentencepiece as spm
 
-    _, _, sp_bytes = checkpoint.load_model(model_file)
+    _, _, sp_bytes = model_file.load_model(model_file)
     return spm.SentencePieceProcessor(model_proto=sp_bytes).encode(text, out_type=str)
 
 

@@ -13,8 +13,8 @@ from nmt_cli.config.model import ModelConfig
 from nmt_cli.config.train import AverageConfig
 from nmt_cli.data.dataset import Dictionary
 from nmt_cli.errors import NmtError
+from nmt_cli.model import file as model_file
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.training import checkpoint
 from nmt_cli.training.average import average_states, run
 
 CFG = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=32, d_ff=64, heads=4, dropout=0.0, max_positions=64)
@@ -52,16 +52,16 @@ def test_last_n_checkpoints_are_averaged_and_translate(tmp_path: Path, toy_spm) 
     save_model_file(tmp_path / "checkpoint_last.pt", Transformer(CFG, len(toy_spm[1])), toy_spm[1], toy_spm[0])
     out = tmp_path / "averaged.pt"
     nmt("average", tmp_path, "--last", 2, "--out", out)
-    averaged = checkpoint.load(out)
+    averaged = model_file.load(out)
     assert averaged["kind"] == "model" and "train" not in averaged
     assert averaged["meta"]["updates"] == [10, 100]
-    ten, hundred = (checkpoint.load(tmp_path / f"checkpoint_{u}.pt")["model"] for u in (10, 100))
+    ten, hundred = (model_file.load(tmp_path / f"checkpoint_{u}.pt")["model"] for u in (10, 100))
     assert averaged["model"].keys() == ten.keys()
     for key, value in averaged["model"].items():
         torch.testing.assert_close(value, (ten[key] + hundred[key]) / 2)
     # One shared embedding: the input embeddings and the output projection are one averaged tensor.
     assert [k for k in averaged["model"] if "embed" in k] == ["embed.weight"]
-    model, _, _ = checkpoint.load_model(out)
+    model, _, _ = model_file.load_model(out)
     assert model.logits(torch.eye(CFG.d_model)).T.equal(model.embed.weight)
     translated = nmt("translate", out, "--beam", 2, input="red cat\n\n").stdout
     assert translated.count("\n") == 2
@@ -71,8 +71,8 @@ def test_explicit_files_are_averaged(tmp_path: Path, toy_spm) -> None:
     paths = checkpoints(tmp_path, toy_spm, [1, 2, 3])
     out = tmp_path / "avg.pt"
     nmt("average", *paths, "--out", out)
-    states = [checkpoint.load(p)["model"] for p in paths]
-    averaged = checkpoint.load(out)
+    states = [model_file.load(p)["model"] for p in paths]
+    averaged = model_file.load(out)
     assert averaged["meta"]["updates"] == [1, 2, 3]
     for key, value in averaged["model"].items():
         torch.testing.assert_close(value, sum(s[key] for s in states) / 3)

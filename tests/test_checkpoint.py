@@ -16,6 +16,7 @@ import nmt_cli
 from conftest import assert_user_error, nmt, save_model_file
 from nmt_cli.config.model import ModelConfig
 from nmt_cli.errors import NmtError
+from nmt_cli.model import file as file_format
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.training import checkpoint
 from nmt_cli.training.checkpoint import BEST, LAST
@@ -52,7 +53,7 @@ def test_damage_anywhere_is_caught_and_named(model_file: Path, tmp_path: Path) -
     """400 copies, each with one random bit flipped or cut short at a random length: each one either
     loads exactly the original contents (a flip in bytes nothing reads, such as the zip's padding) or
     is refused with an NmtError naming the file; never another exception, never different contents."""
-    good, reference = model_file.read_bytes(), checkpoint.checksum(checkpoint.load(model_file))
+    good, reference = model_file.read_bytes(), file_format.checksum(file_format.load(model_file))
     rng, damaged, refused = random.Random(7), tmp_path / "damaged.pt", 0
     for trial in range(400):
         data = bytearray(good)
@@ -62,12 +63,12 @@ def test_damage_anywhere_is_caught_and_named(model_file: Path, tmp_path: Path) -
             data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
         damaged.write_bytes(bytes(data))
         try:
-            state = checkpoint.load(damaged)
+            state = file_format.load(damaged)
         except NmtError as e:
             assert "damaged.pt" in str(e)
             refused += 1
             continue
-        assert checkpoint.checksum(state) == reference, f"trial {trial}: damaged contents were loaded"
+        assert file_format.checksum(state) == reference, f"trial {trial}: damaged contents were loaded"
     assert refused > 300, "most damage must be caught"
 
 
@@ -97,7 +98,7 @@ def test_resume_takes_the_newest_intact_checkpoint(tmp_path: Path) -> None:
 
     # a crash after checkpoint_6.pt was written but before checkpoint_last.pt was replaced
     checkpoint.save_training(tmp_path, 4, _state(4), best=False, keep_last=5)
-    checkpoint.save(tmp_path / "checkpoint_6.pt", _state(6))
+    file_format.save(tmp_path / "checkpoint_6.pt", _state(6))
     assert _latest(tmp_path) == ("checkpoint_6.pt", 6, [])
     _flip(tmp_path / "checkpoint_6.pt")
     name, update, problems = _latest(tmp_path)
@@ -121,7 +122,7 @@ def test_resume_takes_the_newest_intact_checkpoint(tmp_path: Path) -> None:
 
 def test_relinking_best_after_a_crash(tmp_path: Path) -> None:
     checkpoint.save_training(tmp_path, 2, _state(2), best=True, keep_last=5)
-    checkpoint.save(tmp_path / "checkpoint_4.pt", _state(4))  # the crash came before checkpoint_best.pt moved
+    file_format.save(tmp_path / "checkpoint_4.pt", _state(4))  # the crash came before checkpoint_best.pt moved
     checkpoint.relink_best(tmp_path, 4)
     assert os.path.samefile(tmp_path / BEST, tmp_path / "checkpoint_4.pt")
 
@@ -161,7 +162,7 @@ def test_every_torch_load_in_the_package_is_weights_only() -> None:
                 flags = [k.value for k in node.keywords if k.arg == "weights_only"]
                 assert flags and isinstance(flags[0], ast.Constant) and flags[0].value is True, where
                 found.append(where)
-    assert found, "the scan should see checkpoint.load's torch.load"
+    assert found, "the scan should see file_format.load's torch.load"
 
 
 class _RunsCode:
@@ -179,7 +180,7 @@ def _hostile_files(folder: Path, marker: Path) -> dict[str, Path]:
     the payload among its weights, and a bare pickle (torch.load's legacy format)."""
     folder.mkdir(parents=True, exist_ok=True)
     zipped, bare = folder / "zipped.pt", folder / "bare.pt"
-    torch.save({"format": checkpoint.FORMAT, "kind": "checkpoint", "train": {"update": 5},
+    torch.save({"format": file_format.FORMAT, "kind": "checkpoint", "train": {"update": 5},
                 "model": {"w": _RunsCode(marker)}}, zipped)
     with open(bare, "wb") as f:
         pickle.dump(_RunsCode(marker), f)
@@ -198,7 +199,7 @@ def test_loading_never_runs_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")  # a user's environment cannot turn it off
     for path in _hostile_files(tmp_path, marker).values():
         with pytest.raises(NmtError, match=path.name):
-            checkpoint.load(path)
+            file_format.load(path)
     assert not marker.exists()
 
 

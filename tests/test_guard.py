@@ -13,14 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 
+import fault_hooks
 from conftest import TINY_TRAIN, assert_user_error, nmt, train_records
 from nmt_cli.config.model import ModelConfig
 from nmt_cli.config.train import BatchConfig, GuardConfig, OptimConfig, TrainConfig, train_base
 from nmt_cli.data.dataset import IndexedDataset
 from nmt_cli.errors import NmtError
+from nmt_cli.model import file as model_file
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.training import checkpoint, corpus, distributed, guard, train
-from nmt_cli.training.resume import Counters
+from nmt_cli.training import corpus, distributed, guard, train
+from nmt_cli.training.counters import Counters
 from nmt_cli.training.trainlog import TrainLog
 
 TWO_RANKS = [*TINY_TRAIN, "--nproc", "2", "--set", "batch.micro_batches_per_update=1"]
@@ -59,17 +61,17 @@ def test_fault_specs_select_attempts_micro_batches_and_ranks() -> None:
 
     os.environ["NMT_TEST_FAULTS"] = "loss@3/1 grad@4-6 oom@2.1/0 oom-backward@5.2"
     try:
-        rank0, rank1 = guard.Faults.from_env(0), guard.Faults.from_env(1)
-        assert not rank0._wanted("loss", 3) and rank1._wanted("loss", 3)
-        assert all(rank1._wanted("grad", a) for a in (4, 5, 6)) and not rank1._wanted("grad", 7)
-        assert rank0._wanted("oom", 2, 1) and not rank0._wanted("oom", 2, 2) and not rank1._wanted("oom", 2, 1)
-        assert rank1._wanted("oom-backward", 5, 2)
+        rank0, rank1 = fault_hooks.Faults.from_env(0), fault_hooks.Faults.from_env(1)
+        assert not rank0.wanted("loss", 3) and rank1.wanted("loss", 3)
+        assert all(rank1.wanted("grad", a) for a in (4, 5, 6)) and not rank1.wanted("grad", 7)
+        assert rank0.wanted("oom", 2, 1) and not rank0.wanted("oom", 2, 2) and not rank1.wanted("oom", 2, 1)
+        assert rank1.wanted("oom-backward", 5, 2)
         os.environ["NMT_TEST_FAULTS"] = "nan@3"
         with pytest.raises(AssertionError, match="nan@3"):
-            guard.Faults.from_env(0)
+            fault_hooks.Faults.from_env(0)
     finally:
         del os.environ["NMT_TEST_FAULTS"]
-    assert guard.Faults.from_env(0).entries == []
+    assert fault_hooks.Faults.from_env(0).entries == []
 
 
 def _scaler_after_backward(grad_value: float) -> torch.amp.GradScaler:
@@ -133,7 +135,7 @@ def test_a_nan_on_one_rank_is_skipped_on_both(train_data: Path, tmp_path: Path) 
     assert [r["update"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert sum(r["skipped_updates"] for r in records) == 2 and [r["skipped_updates"] for r in records][1:3] == [1, 1]
     assert all(r["loss"] == r["loss"] and r["gnorm"] < 1e3 for r in records)  # nothing non-finite reached the log
-    assert checkpoint.load(tmp_path / "run" / "checkpoint_last.pt")["train"]["skipped_updates"] == 2
+    assert model_file.load(tmp_path / "run" / "checkpoint_last.pt")["train"]["skipped_updates"] == 2
     _assert_ranks_counted_alike(logs)
 
 
@@ -161,11 +163,11 @@ def test_fp16_overflow_shrinks_the_scale_on_every_rank_and_a_floor_stops(train_d
     proc = nmt("train", train_data, "--save-dir", save, *TWO_RANKS, "--precision", "fp16", "--save-interval-updates",
                "5", "--max-update", "20", "--set", "guard.min_loss_scale=5000",
                env={"NMT_TEST_FAULTS": "grad@3-4/1 grad@8-100/1"}, check=False)
-    assert_user_error(proc, "update 6: the fp16 loss scale fell to 4096, below min_loss_scale=5000",
+    assert_user_error(proc, "update 6: the fp16 loss scale fell to 4096, below guard.min_loss_scale=5000",
                       "--precision bf16", "checkpoint_last.pt (update 5)")
     scales = [int(scale) for scale in re.findall(r"fp16 loss scale now (\d+)", proc.stderr)]
     assert scales == [32768, 16384, 8192, 4096], proc.stderr
-    assert checkpoint.load(save / "checkpoint_last.pt")["train"]["scaler"]["scale"] == 16384.0
+    assert model_file.load(save / "checkpoint_last.pt")["train"]["scaler"]["scale"] == 16384.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,13 +221,13 @@ def test_a_dropped_micro_batch_leaves_nothing_in_the_update(train_data: Path, tm
     def gradient(batches: list[int], faults: str) -> dict[str, torch.Tensor]:
         monkeypatch.setenv("NMT_TEST_FAULTS", faults)
         trainer, stepped = _trainer(train_data, tmp_path), {}
-        step = trainer.scaler.step
+        step = trainer.step.scaler.step
 
         def keep_and_step(optimizer: torch.optim.Optimizer) -> None:
             stepped.update({n: p.grad.clone() for n, p in trainer.model.named_parameters()})
             step(optimizer)
 
-        monkeypatch.setattr(trainer.scaler, "step", keep_and_step)
+        monkeypatch.setattr(trainer.step.scaler, "step", keep_and_step)
         split = trainer.data.train
         trainer.update([split.batches[i] for i in batches], int(split.tgt_tokens[batches].sum()), len(batches))
         return stepped
@@ -240,7 +242,7 @@ def test_a_dropped_micro_batch_leaves_nothing_in_the_update(train_data: Path, tm
 def test_too_many_out_of_memory_micro_batches_stop_naming_max_tokens(train_data: Path, tmp_path: Path) -> None:
     proc = nmt("train", train_data, "--save-dir", tmp_path / "run", *TINY_TRAIN, "--set", "batch.micro_batches_per_update=2",
                "--max-update", "10", env={"NMT_TEST_FAULTS": "oom@1-100"}, check=False)
-    assert_user_error(proc, "update 1: 2 of 2 micro-batches so far ran out of memory", "max_oom_fraction=0.02",
+    assert_user_error(proc, "update 1: 2 of 2 micro-batches so far ran out of memory", "guard.max_oom_fraction=0.02",
                       "Lower --max-tokens (now 256")
 
 

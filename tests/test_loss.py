@@ -8,7 +8,7 @@ from nmt_cli.config.model import ModelConfig
 from nmt_cli.data.dataset import BOS, EOS, PAD
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.training.loss import label_smoothed_nll
-from nmt_cli.training.train import micro_batch_loss
+from nmt_cli.training.step import micro_batch_loss
 
 V = 11
 

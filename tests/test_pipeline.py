@@ -64,11 +64,11 @@ def test_test_set_bleu(multi30k_run: dict[str, Path]) -> None:
 def test_averaged_model_is_the_mean_of_the_last_checkpoints(multi30k_run: dict[str, Path]) -> None:
     import torch
 
-    from nmt_cli.training import checkpoint
+    from nmt_cli.model import file as model_file
 
-    averaged = checkpoint.load(multi30k_run["model"])
+    averaged = model_file.load(multi30k_run["model"])
     assert [a["update"] for a in averaged["meta"]["averaged"]] == [500, 600, 700]
-    states = [checkpoint.load(multi30k_run["save"] / f"checkpoint_{u}.pt")["model"] for u in (500, 600, 700)]
+    states = [model_file.load(multi30k_run["save"] / f"checkpoint_{u}.pt")["model"] for u in (500, 600, 700)]
     for name, value in averaged["model"].items():
         mean = sum(s[name].double() for s in states) / 3
         torch.testing.assert_close(value.double(), mean.to(value.dtype).double(), rtol=0, atol=1e-6)

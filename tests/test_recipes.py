@@ -19,7 +19,7 @@ import pytest
 
 from conftest import REPO, nmt
 from fake_statmt import FakeStatmt, checksums_file, wmt14_archives
-from nmt_cli.training import checkpoint
+from nmt_cli.model import file as model_file
 
 pytestmark = pytest.mark.slow
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}
@@ -54,9 +54,9 @@ def _check_every_stage(work: Path, output: str, src: str, tgt: str) -> None:
         assert f"== stage {number}: {stage}" in output
     for folder, stage in (("raw", "prepare"), ("bpe", "bpe"), ("bin", "binarize")):
         assert json.loads((work / folder / "manifest.json").read_text())["stage"] == stage
-    model = checkpoint.load(work / "big" / "averaged.pt")
+    model = model_file.load(work / "big" / "averaged.pt")
     assert model["kind"] == "model" and len(model["meta"]["averaged"]) == 2
-    last = checkpoint.load(work / "big" / "checkpoint_last.pt")
+    last = model_file.load(work / "big" / "checkpoint_last.pt")
     assert last["train"]["world_size"] == 2 and last["train"]["update"] == 6
     assert last["model_config"]["dropout"] == (0.3 if tgt == "de" else 0.1)  # from the recipe's big YAML
     hyp = (work / "big" / f"newstest2014.{tgt}").read_text(encoding="utf-8")
@@ -118,7 +118,7 @@ def test_two_machines_train_together(en_de: tuple[Path, str], tmp_path: Path) ->
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)
     assert sorted(p.name for p in save.glob("checkpoint_*.pt")) == [
         "checkpoint_2.pt", "checkpoint_4.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
-    last = checkpoint.load(save / "checkpoint_last.pt")
+    last = model_file.load(save / "checkpoint_last.pt")
     assert last["train"]["world_size"] == 2 and len(last["train"]["rng"]) == 2
     updates = [r["update"] for r in map(json.loads, (save / "train.jsonl").read_text().splitlines())
                if r["kind"] == "train"]

@@ -22,6 +22,7 @@ import torch
 from conftest import TINY_TRAIN, nmt
 from nmt_cli.config.core import flatten, to_dict
 from nmt_cli.config.train import TrainConfig, train_base
+from nmt_cli.model import file as model_file
 from nmt_cli.training import checkpoint
 from nmt_cli.training.checkpoint import BEST, LAST
 from nmt_cli.training.resume import _changed_settings, stored_settings
@@ -61,7 +62,7 @@ def _without_clock(records: list[dict]) -> list[dict]:
 def _assert_same_training(a: Path, b: Path) -> None:
     """Equal records (but for the clock), weights, Adam moments, best checkpoint and kept checkpoints."""
     assert _without_clock(_jsonl(a)) == _without_clock(_jsonl(b))
-    last_a, last_b = checkpoint.load(a / LAST), checkpoint.load(b / LAST)
+    last_a, last_b = model_file.load(a / LAST), model_file.load(b / LAST)
     assert last_a["train"]["update"] == last_b["train"]["update"]
     for name, tensor in last_a["model"].items():
         assert torch.equal(tensor, last_b["model"][name]), name
@@ -69,7 +70,7 @@ def _assert_same_training(a: Path, b: Path) -> None:
     for key, state in moments_a.items():
         assert torch.equal(state["exp_avg"], moments_b[key]["exp_avg"])
         assert torch.equal(state["exp_avg_sq"], moments_b[key]["exp_avg_sq"])
-    assert checkpoint.load(a / BEST)["meta"]["update"] == checkpoint.load(b / BEST)["meta"]["update"]
+    assert model_file.load(a / BEST)["meta"]["update"] == model_file.load(b / BEST)["meta"]["update"]
     assert [p.name for _, p in checkpoint.numbered_checkpoints(a)] == [p.name for _, p in checkpoint.numbered_checkpoints(b)]
 
 
@@ -103,7 +104,7 @@ def _window_hit(save_dir: Path, event: str) -> bool:
     if event == "write":
         return any(re.fullmatch(r"\.checkpoint_\d+\.pt\..*\.tmp", p.name) for p in save_dir.glob(".*.tmp"))
     if event == "link" and newest:
-        last = checkpoint.load(save_dir / LAST)["train"]["update"] if (save_dir / LAST).exists() else -1
+        last = model_file.load(save_dir / LAST)["train"]["update"] if (save_dir / LAST).exists() else -1
         return last < newest[0][0]
     return event in ("log", "time")
 

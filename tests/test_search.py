@@ -26,8 +26,8 @@ from nmt_cli.inference.search import (
     reference_search,
     translate_ids,
 )
+from nmt_cli.model import file as model_file
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.training import checkpoint
 
 TINY = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0, max_positions=64)
 
@@ -187,7 +187,7 @@ def test_batched_search_equals_reference(beam: int, nbest: int, alpha: float, se
 
 
 def test_search_equals_reference_on_a_trained_model(tiny_trained_model: Path) -> None:
-    model, _, _ = checkpoint.load_model(tiny_trained_model)
+    model, _, _ = model_file.load_model(tiny_trained_model)
     sources = random_sources(len(model.embed.weight), [4, 9, 2, 12, 6], seed=3)
     settings = dict(beam=4, nbest=2, lenpen=0.6, max_len_a=1.0, max_len_b=10)
     for source, hyps in zip(sources, beam_search(model, padded(sources), **settings), strict=True):
@@ -246,7 +246,7 @@ def test_wide_beam_finds_the_exhaustive_optimum(alpha: float, seed: int) -> None
 
 
 def test_translation_alone_equals_translation_in_a_mixed_batch(tiny_trained_model: Path) -> None:
-    model, _, _ = checkpoint.load_model(tiny_trained_model)
+    model, _, _ = model_file.load_model(tiny_trained_model)
     sources = random_sources(model.vocab_size, [12, 1, 7, 3, 20, 5, 9], seed=4)
     together = translate_ids(model, sources, TranslateConfig(model=None, max_tokens=10_000))
     for source, hyps in zip(sources, together, strict=True):
@@ -257,7 +257,7 @@ def test_translation_alone_equals_translation_in_a_mixed_batch(tiny_trained_mode
 
 @pytest.mark.parametrize("workers", [1, 3])
 def test_translate_ids_keeps_input_order_across_batches(tiny_trained_model: Path, workers: int) -> None:
-    model, _, _ = checkpoint.load_model(tiny_trained_model)
+    model, _, _ = model_file.load_model(tiny_trained_model)
     sources = random_sources(model.vocab_size, [9, 2, 14, 1, 6, 11, 3, 8, 5, 12], seed=5)
     batches: list[int] = []
     small = translate_ids(model, sources, TranslateConfig(model=None, max_tokens=16), on_batch=batches.append,

@@ -20,6 +20,7 @@ from conftest import TINY_TRAIN, assert_user_error, nmt
 from conftest import train_records as _records
 from nmt_cli.config.core import read_yaml
 from nmt_cli.config.model import ModelConfig
+from nmt_cli.model import file as model_file
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.training import checkpoint
 
@@ -52,7 +53,7 @@ def test_training_writes_checkpoints_log_and_config(data_dir: Path, tmp_path: Pa
     assert "skipped 2 of 152 training examples longer than 256 tokens" in proc.stderr
     names = sorted(p.name for p in save.glob("checkpoint*.pt"))
     assert names == ["checkpoint_4.pt", "checkpoint_6.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
-    state = checkpoint.load(save / "checkpoint_last.pt")  # torch.load(weights_only=True) + checksum
+    state = model_file.load(save / "checkpoint_last.pt")  # torch.load(weights_only=True) + checksum
     assert state["kind"] == "checkpoint" and state["train"]["update"] == 6
     for key in ("model", "model_config", "dictionary", "spm_model", "meta", "train"):
         assert key in state
@@ -81,7 +82,7 @@ def test_resume_continues_exactly(data_dir: Path, tmp_path: Path) -> None:
     assert len({r["epoch"] for r in straight}) > 1, "the run should cross an epoch boundary"
     for a, b in zip(straight, resumed, strict=True):
         assert (a["loss"], a["nll"], a["gnorm"], a["lr"], a["tgt_tokens"]) == (b["loss"], b["nll"], b["gnorm"], b["lr"], b["tgt_tokens"])
-    a, b = (checkpoint.load(d / "checkpoint_last.pt") for d in (tmp_path / "straight", tmp_path / "resumed"))
+    a, b = (model_file.load(d / "checkpoint_last.pt") for d in (tmp_path / "straight", tmp_path / "resumed"))
     assert a["model_config"]["dropout"] > 0
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
@@ -100,7 +101,7 @@ def test_a_resume_from_a_newer_numbered_checkpoint_brings_checkpoint_last_up_to_
     (save / "checkpoint_last.pt").write_bytes((save / "checkpoint_3.pt").read_bytes())
     again = nmt("train", data_dir, "--save-dir", save, *args)
     assert "checkpoint_6.pt at update 6" in again.stderr
-    assert checkpoint.load(save / "checkpoint_last.pt")["train"]["update"] == 6
+    assert model_file.load(save / "checkpoint_last.pt")["train"]["update"] == 6
 
 
 def test_a_training_state_of_another_layout_is_refused_by_name(data_dir: Path, tmp_path: Path) -> None:
@@ -109,10 +110,10 @@ def test_a_training_state_of_another_layout_is_refused_by_name(data_dir: Path, t
     save = tmp_path / "run"
     nmt("train", data_dir, "--save-dir", save, *SMALL, "--max-update", "2")
     for path in save.glob("checkpoint*.pt"):
-        state = checkpoint.load(path)
+        state = model_file.load(path)
         del state["train"]["optimizer"]
         path.unlink()
-        checkpoint.save(path, state)
+        model_file.save(path, state)
     proc = nmt("train", data_dir, "--save-dir", save, *SMALL, "--max-update", "4", check=False)
     assert_user_error(proc, "checkpoint_last.pt has a training state this nmt cannot resume from", "optimizer")
 
@@ -132,7 +133,7 @@ def test_kill_during_a_checkpoint_write_leaves_the_previous_one(data_dir: Path, 
     finally:
         proc.wait()
     assert not (save / "checkpoint_4.pt").exists()
-    assert checkpoint.load(save / "checkpoint_last.pt")["train"]["update"] == 2
+    assert model_file.load(save / "checkpoint_last.pt")["train"]["update"] == 2
     again = nmt("train", data_dir, "--save-dir", save, *SMALL, "--save-interval-updates", "2", "--max-update", "6")
     assert "at update 2" in again.stderr and "interrupted" in again.stderr
     assert [r["update"] for r in _records(save)] == [1, 2, 3, 4, 5, 6]
@@ -188,7 +189,7 @@ def test_two_gloo_workers_equal_one_worker_with_twice_the_accumulation(data_dir:
         "--set", "batch.micro_batches_per_update=1", env={"NMT_TEST_EXAMPLE_LOG": str(logs["two"])})
     nmt("train", data_dir, "--save-dir", tmp_path / "one", *args, "--set", "batch.micro_batches_per_update=2",
         env={"NMT_TEST_EXAMPLE_LOG": str(logs["one"])})
-    two, one = (checkpoint.load(tmp_path / d / "checkpoint_last.pt") for d in ("two", "one"))
+    two, one = (model_file.load(tmp_path / d / "checkpoint_last.pt") for d in ("two", "one"))
     assert two["train"]["world_size"] == 2 and len(two["train"]["rng"]) == 2
     assert two["train"]["update"] == one["train"]["update"] > 2
     for name, tensor in one["model"].items():
@@ -231,14 +232,14 @@ def test_validation_bleu_is_what_the_saved_model_translates(data_dir: Path, tmp_
         "--set", "checkpoint.best_metric=bleu", "--set", "valid.interval_updates=0")
     valid = {r["update"]: r for r in _records(save, "valid")}
     assert set(valid) == {3, 6} and all("bleu" in r for r in valid.values())
-    model, dictionary, sp_bytes = checkpoint.load_model(save / "checkpoint_6.pt")
+    model, dictionary, sp_bytes = model_file.load_model(save / "checkpoint_6.pt")
     sp = spm.SentencePieceProcessor(model_proto=sp_bytes)
     src, tgt = IndexedDataset(data_dir / "valid.xx"), IndexedDataset(data_dir / "valid.yy")
     found = translate_ids(model, [[*src[i].tolist(), EOS] for i in range(20)], TranslateConfig(model=None, beam=1))
     hyps = [sp.decode(dictionary.decode(h[0].tokens)) for h in found]
     refs = [sp.decode(dictionary.decode(tgt[i].tolist())) for i in range(20)]
     assert valid[6]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=5.1e-5)  # logged to 4 places
-    best_update = checkpoint.load(save / "checkpoint_best.pt")["meta"]["update"]
+    best_update = model_file.load(save / "checkpoint_best.pt")["meta"]["update"]
     assert valid[best_update]["bleu"] == max(r["bleu"] for r in valid.values())
 
 
@@ -252,7 +253,7 @@ def test_time_limits_save_by_the_clock_and_stop(data_dir: Path, tmp_path: Path) 
     save = tmp_path / "run"
     nmt("train", data_dir, "--save-dir", save, *SMALL, "--max-update", "0", "--max-epoch", "0",
         "--max-time-hours", "0.001", "--save-interval-minutes", "0.01", "--keep-last", "100")
-    state = checkpoint.load(save / "checkpoint_last.pt")
+    state = model_file.load(save / "checkpoint_last.pt")
     assert state["train"]["train_seconds"] >= 3.6
     assert len(checkpoint.numbered_checkpoints(save)) >= 2, "the clock should have saved before the end"
     again = nmt("train", data_dir, "--save-dir", save, *SMALL, "--max-update", "0", "--max-epoch", "0",

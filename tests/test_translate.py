@@ -19,12 +19,12 @@ from conftest import REPO, assert_user_error, nmt, toy_sentences, why_torch_comp
 from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.inference.replicas import Replicas
-from nmt_cli.inference.translate import Translator, clean_line, run, translate_lines
-from nmt_cli.training import checkpoint
+from nmt_cli.inference.translate import Translator, clean_line, run
+from nmt_cli.model import file as model_file
 
 
 def load(model_file: Path, **settings: object) -> Translator:
-    model, dictionary, spm_bytes = checkpoint.load_model(model_file)
+    model, dictionary, spm_bytes = model_file.load_model(model_file)
     sp = spm.SentencePieceProcessor(model_proto=spm_bytes)
     return Translator(model, dictionary, sp, TranslateConfig(model=model_file, **settings), lambda _: None)
 
@@ -41,10 +41,11 @@ def test_clean_line_keeps_each_line_one_line() -> None:
 
 
 def test_translate_lines_gives_one_translation_per_line(tiny_trained_model: Path) -> None:
-    model, dictionary, spm_bytes = checkpoint.load_model(tiny_trained_model)
+    model, dictionary, spm_bytes = model_file.load_model(tiny_trained_model)
     sp = spm.SentencePieceProcessor(model_proto=spm_bytes)
     lines = ["red cat sees the dog", "", "   ", "large house"]
-    out = translate_lines(model, dictionary, sp, lines, TranslateConfig(model=None))
+    found = Translator(model, dictionary, sp, TranslateConfig(model=None), print).translate(lines)
+    out = [best[0][1] if best else "" for best in found]
     assert len(out) == 4 and out[1] == "" and out[2] == ""
     assert out[0] and "\n" not in out[0]
 

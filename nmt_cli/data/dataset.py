@@ -247,19 +247,6 @@ def batch_by_size(indices: np.ndarray, src_sizes: np.ndarray, tgt_sizes: np.ndar
     return batches
 
 
-def shard_batches(batches: list[np.ndarray], epoch: int, seed: int, rank: int, world_size: int,
-                  start: int = 0) -> list[np.ndarray]:
-    """This rank's batches of an epoch: all batches shuffled from (seed, epoch), the first `start`
-    left out (already trained on before a resume), then dealt round-robin.
-
-    Ranks get disjoint shares that together hold every remaining batch once; counts differ by at
-    most one. Micro-batch i of update u on this rank is share[u * M + i] (M micro-batches per
-    update), so one update takes the global positions start + u*W*M ... start + (u+1)*W*M - 1.
-    """
-    order = epoch_order(len(batches), epoch, seed)
-    return [batches[i] for i in order[start + rank :: world_size]]
-
-
 def epoch_order(n_batches: int, epoch: int, seed: int) -> np.ndarray:
     """The order in which an epoch visits the batches: a permutation drawn from (seed, epoch)."""
     return np.random.default_rng([seed, epoch]).permutation(n_batches)

@@ -43,8 +43,8 @@ from nmt_cli.data.dataset import BOS, EOS, Dictionary
 from nmt_cli.errors import NmtError
 from nmt_cli.evaluation.plot import new_figure, picture_format, save_figure
 from nmt_cli.inference.search import translate_ids
+from nmt_cli.model import file as model_file
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.training import checkpoint
 
 Maps = dict[tuple[str, int], list[Tensor]]  # (kind, 0-based layer) -> softmax (B, H, T, L) of each call
 KIND_TITLES = {"encoder": "Encoder self-attention", "decoder": "Decoder self-attention",
@@ -314,7 +314,7 @@ def axis_names(kind: str) -> tuple[str, str]:
 def load(cfg: AttentionConfig) -> tuple[Transformer, Dictionary, Any]:
     import sentencepiece as spm
 
-    model, dictionary, spm_bytes = checkpoint.load_model(cfg.model, "cpu")
+    model, dictionary, spm_bytes = model_file.load_model(cfg.model, "cpu")
     sp = spm.SentencePieceProcessor()
     try:
         sp.LoadFromSerializedProto(spm_bytes)

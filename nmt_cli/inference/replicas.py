@@ -26,7 +26,7 @@ from torch import Tensor
 
 from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.inference.search import Hypothesis, beam_search, compile_decoder, keep_freed_memory
-from nmt_cli.training import checkpoint
+from nmt_cli.model import file as model_file
 
 _STARTED = 30 * 60  # seconds the processes wait for each other to start and compile: a cold compile takes ~1 min
 
@@ -101,7 +101,7 @@ def _start(cfg: TranslateConfig, dtype: torch.dtype, started: Any) -> None:
     keep_freed_memory()
     _replica.update(cfg=cfg, started=started, failure="")
     try:
-        model, _, _ = checkpoint.load_model(Path(cfg.model), torch.device("cpu"))
+        model, _, _ = model_file.load_model(Path(cfg.model), torch.device("cpu"))
         model = model.to(dtype)
         compile_decoder(model, cfg.beam)
         _replica["model"] = model

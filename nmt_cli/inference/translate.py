@@ -34,9 +34,9 @@ from nmt_cli.data.dataset import EOS, Dictionary
 from nmt_cli.errors import NmtError
 from nmt_cli.inference.replicas import Replicas, describe
 from nmt_cli.inference.search import compile_decoder, keep_freed_memory, translate_ids
+from nmt_cli.model import file as model_file
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.progress import ProgressReport
-from nmt_cli.training import checkpoint
 
 # Every character that could end or split a line for some reader (str.splitlines breaks on all
 # of them) or that a terminal interprets: C0 and C1 controls, DEL, U+2028/U+2029. Tab included.
@@ -135,14 +135,6 @@ class Translator:
         return "".join(out)
 
 
-def translate_lines(model: Transformer, dictionary: Dictionary, sp: spm.SentencePieceProcessor,
-                    lines: Sequence[str], cfg: TranslateConfig) -> list[str]:
-    """The best translation of each line of raw text (for validation BLEU during training);
-    uses cfg's search settings, the model's device and dtype. Warnings go to stderr."""
-    translator = Translator(model, dictionary, sp, cfg, _stderr_warn)
-    return [found[0][1] if found else "" for found in translator.translate(list(lines))]
-
-
 def _stderr_warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
@@ -203,7 +195,7 @@ def load_translator(cfg: TranslateConfig, warn: Warn) -> Translator:
         torch.set_num_threads(1)
     elif cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    model, dictionary, spm_bytes = checkpoint.load_model(cfg.model, device)
+    model, dictionary, spm_bytes = model_file.load_model(cfg.model, device)
     sp = sentencepiece_processor(spm_bytes, f"the sentencepiece model inside {cfg.model}",
                                  "the file is damaged or was not written by nmt")
     model = model.to(dtype)

@@ -1,6 +1,7 @@
 """The Transformer of "Attention Is All You Need" (arXiv 1706.03762, section 3) and its incremental
-decoder.
+decoder (`transformer`), how its attention and dropout run on each device (`kernels`), and the model
+file every stage reads (`file`).
 
-May import: `nmt_cli.data` (the dictionary's special ids), `nmt_cli.config`. Never `training`,
+May import: `nmt_cli.data` (the dictionary), `nmt_cli.config`, `artifacts`, `errors`, `hooks`. Never `training`,
 `inference` or `torch.distributed`: the model knows nothing of DDP, checkpoints or search.
 """

@@ -10,7 +10,6 @@ names the checkpoints it averaged.
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,9 +21,8 @@ from torch import Tensor
 from nmt_cli.artifacts import check_output_file
 from nmt_cli.config.train import AverageConfig
 from nmt_cli.errors import NmtError
+from nmt_cli.model import file as model_file
 from nmt_cli.training import checkpoint
-
-NUMBERED = re.compile(r"checkpoint_(\d+)\.pt")
 
 
 def average_states(states: Iterable[dict[str, Tensor]]) -> dict[str, Tensor]:
@@ -51,18 +49,12 @@ def average_states(states: Iterable[dict[str, Tensor]]) -> dict[str, Tensor]:
     return {k: (v / count).to(dtypes[k]) if dtypes[k].is_floating_point else v for k, v in total.items()}
 
 
-def numbered_checkpoints(folder: Path) -> list[tuple[int, Path]]:
-    """(update, path) of every `checkpoint_{update}.pt` in `folder`, oldest first."""
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := NUMBERED.fullmatch(p.name))]
-    return sorted(found)
-
-
 def select_checkpoints(cfg: AverageConfig) -> list[Path]:
     """The files to average: the last `cfg.last` numbered checkpoints of one folder, or the files given."""
     paths = [Path(p) for p in cfg.checkpoints]
     if len(paths) == 1 and paths[0].is_dir():
         folder = paths[0]
-        found = numbered_checkpoints(folder)
+        found = checkpoint.numbered_checkpoints(folder)
         if cfg.last < 1:
             raise NmtError(f"--last must be at least 1, got {cfg.last}")
         if not found:
@@ -83,9 +75,9 @@ def select_checkpoints(cfg: AverageConfig) -> list[Path]:
 
 def _check_compatible(first: dict[str, Any], first_path: Path, other: dict[str, Any], path: Path) -> None:
     """Refuse to average models of different shapes, vocabularies or sentencepiece models."""
-    checkpoint.model_config_of(other, path)
+    model_file.model_config_of(other, path)
     if other["model_config"] != first["model_config"]:
-        fields = "; ".join(checkpoint.differing_fields(first["model_config"], other["model_config"]))
+        fields = "; ".join(model_file.differing_fields(first["model_config"], other["model_config"]))
         raise NmtError(f"{first_path} and {path} have different model configs ({fields}); "
                        "only checkpoints of one training run can be averaged")
     if other["dictionary"]["symbols"] != first["dictionary"]["symbols"]:
@@ -98,7 +90,7 @@ def _check_compatible(first: dict[str, Any], first_path: Path, other: dict[str, 
 
 def _update_of(state: dict[str, Any], path: Path) -> int | None:
     update = state.get("meta", {}).get("update")
-    if type(update) is not int and (m := NUMBERED.fullmatch(path.name)):
+    if type(update) is not int and (m := checkpoint.NUMBERED.fullmatch(path.name)):
         update = int(m.group(1))
     return update if type(update) is int else None
 
@@ -114,9 +106,9 @@ def run(cfg: AverageConfig) -> None:
 
     def states() -> Iterable[dict[str, Tensor]]:
         for path in paths:
-            state = checkpoint.load(path)
+            state = model_file.load(path)
             if not first:  # keep what describes the model, not the weights or training state
-                checkpoint.model_config_of(state, path)
+                model_file.model_config_of(state, path)
                 first.update({k: state[k] for k in ("model_config", "dictionary", "spm_model")}, path=path)
                 first["shapes"] = {k: v.shape for k, v in state["model"].items()}
             else:
@@ -131,6 +123,6 @@ def run(cfg: AverageConfig) -> None:
     weights = average_states(states())
     meta = {"averaged": averaged, "updates": [a["update"] for a in averaged],
             "update": max((a["update"] for a in averaged if a["update"] is not None), default=None)}
-    checkpoint.save(out, {"kind": "model", "meta": meta, "model": weights, "model_config": first["model_config"],
+    model_file.save(out, {"kind": "model", "meta": meta, "model": weights, "model_config": first["model_config"],
                           "dictionary": first["dictionary"], "spm_model": bytes(first["spm_model"])})
     print(f"average: wrote the mean of {len(paths)} checkpoints to {out}", file=sys.stderr)

@@ -9,7 +9,7 @@ epoch and how many batches of that epoch are done.
   examples too long for the model or for a micro-batch are left out, counted and reported.
 - Epoch: the batches in an order drawn from (seed, epoch) (data.epoch_order).
 - Update: the next W * M batches of that order (W ranks, M micro-batches each), dealt round-robin,
-  so rank r's micro-batch i of the update is position start + i * W + r (data.shard_batches).
+  so rank r's micro-batch i of the update is position start + i * W + r.
   M follows from `tokens_per_update`. Every rank ends each update with one synchronised backward
   pass (the gradient all-reduce); a rank left without batches at the end of an epoch runs one
   zero-weight micro-batch of the shortest example for it (`shortest_example`).

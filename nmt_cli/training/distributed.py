@@ -1,7 +1,7 @@
 """Where training runs: one process, or torchrun workers joined in a process group; and in which precision.
 
 `nmt train` on a machine with several GPUs (or with ``--nproc N`` on a CPU) starts torchrun through
-`torch.distributed.run`, whose workers run ``python -m nmt_cli.training.train`` with the same settings; a
+`torch.distributed.run`, whose workers run ``python -m nmt_cli.worker`` with the same settings; a
 worker sees WORLD_SIZE and LOCAL_RANK in its environment and trains instead of launching. Only
 `train` and this module touch torch.distributed; the model, data and search code never do.
 Backends: nccl between GPUs, gloo between CPU processes.
@@ -123,7 +123,7 @@ def torchrun_arguments(cfg: TrainConfig, nproc_per_node: int) -> list[str]:
         args += ["--node-rank", str(cfg.launch.node_rank), "--rdzv-endpoint", cfg.launch.rdzv_endpoint]
     else:
         args.append("--standalone")  # a free local port: parallel runs on one machine do not collide
-    return [*args, "-m", "nmt_cli.training.train", *worker_arguments(cfg)]
+    return [*args, "-m", "nmt_cli.worker", *worker_arguments(cfg)]
 
 
 def launch(cfg: TrainConfig, nproc_per_node: int) -> None:

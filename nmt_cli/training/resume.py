@@ -1,6 +1,6 @@
 """What a training checkpoint holds beyond the model, and how a run continues from one.
 
-Layout of a training checkpoint (see checkpoint.py for the file format and the model keys):
+Layout of a training checkpoint (see `model.file` for the file format and the model keys):
 
     "kind": "checkpoint", "model", "model_config", "dictionary", "spm_model",
     "meta":  {"nmt_version", "created", "arch", "src_lang", "tgt_lang", "update", "epoch", "valid_loss",
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -30,10 +30,10 @@ from nmt_cli import __version__
 from nmt_cli.config.core import flatten, to_dict
 from nmt_cli.config.train import TrainConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.training import checkpoint
-
-if TYPE_CHECKING:
-    from nmt_cli.training.train import Trainer
+from nmt_cli.model.file import differing_fields, model_state
+from nmt_cli.training.corpus import Corpus
+from nmt_cli.training.counters import Counters
+from nmt_cli.training.step import Step
 
 # Training settings whose change on resume is expected (where the data is, when to stop, how to report
 # and launch); a section stands for all its fields. The model is compared on its own (`apply_resume`).
@@ -41,34 +41,16 @@ _FREE_TO_CHANGE = {"data", "save_dir", "threads", "dry_run", "try_largest_batch"
                    "stop", "checkpoint", "valid", "log", "guard", "launch"}
 
 
-@dataclasses.dataclass
-class Counters:
-    """Where training stands; saved in every checkpoint."""
-
-    update: int = 0
-    epoch: int = 1
-    epoch_batches_done: int = 0  # batches of the epoch order already trained on (all ranks together)
-    train_seconds: float = 0.0
-    best_valid_loss: float | None = None
-    best_valid_bleu: float | None = None
-    valid_loss: float | None = None  # of the last validation
-    bad_updates: int = 0  # updates skipped in a row for non-finite values
-    skipped_updates: int = 0  # updates skipped for any reason since the start (non-finite, all out of memory)
-    oom_micro_batches: int = 0  # micro-batches dropped for running out of memory, all ranks
-    micro_batches: int = 0  # micro-batches planned so far, all ranks (what oom_micro_batches is a share of)
-    stop_requested: bool = False
-    log_sums: dict[str, float] = dataclasses.field(default_factory=dict)
-
-
-def training_checkpoint(trainer: Trainer, rng: list[dict[str, Any]], valid_loss: float, best: bool) -> dict[str, Any]:
-    """The whole state of `trainer` (rank 0) as a checkpoint mapping."""
-    c, cfg, data = trainer.counters, trainer.cfg, trainer.data
+def training_checkpoint(step: Step, c: Counters, data: Corpus, rng: list[dict[str, Any]], best: bool) -> dict[str, Any]:
+    """The whole state of a run (rank 0's `step`, where it stands, its data) as a checkpoint mapping;
+    `rng` holds every rank's random-number state."""
+    cfg = step.cfg
     return {
         "kind": "checkpoint",
-        **checkpoint.model_state(trainer.model, cfg.model, data.dictionary, data.spm_model),
+        **model_state(step.model, cfg.model, data.dictionary, data.spm_model),
         "meta": {"nmt_version": __version__, "arch": cfg.arch, "src_lang": data.src_lang, "tgt_lang": data.tgt_lang,
                  "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                 "update": c.update, "epoch": c.epoch, "valid_loss": valid_loss, "best": best},
+                 "update": c.update, "epoch": c.epoch, "valid_loss": c.valid_loss, "best": best},
         "train": {
             "config": to_dict(cfg),
             "update": c.update, "epoch": c.epoch, "epoch_batches_done": c.epoch_batches_done,
@@ -76,41 +58,40 @@ def training_checkpoint(trainer: Trainer, rng: list[dict[str, Any]], valid_loss:
             "best_valid_bleu": c.best_valid_bleu, "bad_updates": c.bad_updates,
             "skipped_updates": c.skipped_updates, "oom_micro_batches": c.oom_micro_batches,
             "micro_batches": c.micro_batches,
-            "world_size": trainer.ctx.world_size, "micro_batches_per_update": trainer.micro_batches,
-            "precision": trainer.precision,
-            "optimizer": trainer.optimizer.state_dict(),
-            "scaler": trainer.scaler.state_dict() if trainer.scaler.is_enabled() else {},
-            "lr": trainer.optimizer.param_groups[0]["lr"],
+            "world_size": step.ctx.world_size, "micro_batches_per_update": step.micro_batches,
+            "precision": step.precision,
+            "optimizer": step.optimizer.state_dict(),
+            "scaler": step.scaler.state_dict() if step.scaler.is_enabled() else {},
+            "lr": step.optimizer.param_groups[0]["lr"],
             "rng": rng,
             "log_sums": dict(c.log_sums),
         },
     }
 
 
-def apply_resume(trainer: Trainer, state: dict[str, Any]) -> list[str]:
-    """Load `state` into `trainer`; returns warnings (continuing, but not bit for bit). Refuses a
-    checkpoint of another model or dictionary."""
-    cfg, train = trainer.cfg, state["train"]
+def apply_resume(step: Step, c: Counters, data: Corpus, state: dict[str, Any]) -> list[str]:
+    """Load `state` into `step` and `c`; returns warnings (continuing, but not bit for bit). Refuses
+    a checkpoint of another model or dictionary."""
+    cfg, train = step.cfg, state["train"]
     stored = state["model_config"]
-    differing = checkpoint.differing_fields(stored, dataclasses.asdict(cfg.model))
+    differing = differing_fields(stored, dataclasses.asdict(cfg.model))
     if differing:
         raise NmtError(f"{cfg.save_dir} holds checkpoints of another model ({'; '.join(differing)}, checkpoint vs "
                        "now); use the same model settings to resume, or another --save-dir for a new model")
-    if list(state["dictionary"]["symbols"]) != trainer.data.dictionary.symbols:
+    if list(state["dictionary"]["symbols"]) != data.dictionary.symbols:
         raise NmtError(f"the checkpoints in {cfg.save_dir} were trained with another dictionary than "
                        f"{cfg.data}/dict.txt; resume with the data they were trained on, or use another --save-dir")
-    trainer.model.load_state_dict(state["model"])
-    trainer.optimizer.load_state_dict(train["optimizer"])
-    if trainer.scaler.is_enabled() and train["scaler"]:
-        trainer.scaler.load_state_dict(train["scaler"])
-    c = trainer.counters
+    step.model.load_state_dict(state["model"])
+    step.optimizer.load_state_dict(train["optimizer"])
+    if step.scaler.is_enabled() and train["scaler"]:
+        step.scaler.load_state_dict(train["scaler"])
     c.update, c.epoch, c.epoch_batches_done = train["update"], train["epoch"], train["epoch_batches_done"]
     c.train_seconds, c.best_valid_loss, c.bad_updates = train["train_seconds"], train["best_valid_loss"], train["bad_updates"]
     c.best_valid_bleu = train.get("best_valid_bleu")
     for name in ("skipped_updates", "oom_micro_batches", "micro_batches"):  # absent before these were counted
         setattr(c, name, train.get(name, 0))
     c.log_sums = dict(train["log_sums"])
-    return _restore_rng(trainer, train["rng"]) + _changed_settings(trainer, train)
+    return _restore_rng(step, train["rng"]) + _changed_settings(step, train)
 
 
 def rng_state(device: torch.device) -> dict[str, Tensor | None]:
@@ -119,8 +100,8 @@ def rng_state(device: torch.device) -> dict[str, Tensor | None]:
             "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
 
 
-def _restore_rng(trainer: Trainer, states: list[dict[str, Any]]) -> list[str]:
-    ctx = trainer.ctx
+def _restore_rng(step: Step, states: list[dict[str, Any]]) -> list[str]:
+    ctx = step.ctx
     if len(states) != ctx.world_size:
         return [f"the checkpoint was written by {len(states)} worker(s), now there are {ctx.world_size}: "
                 "training continues, but not bit for bit as it would have (dropout and batch shares differ)"]
@@ -137,17 +118,17 @@ def stored_settings(config: dict[str, Any]) -> dict[str, Any]:
     return {TrainConfig.RENAMED.get(key, key): value for key, value in flatten(config).items()}
 
 
-def _changed_settings(trainer: Trainer, train: dict[str, Any]) -> list[str]:
-    now, before = flatten(to_dict(trainer.cfg)), stored_settings(train["config"])
-    changed = [f for f in checkpoint.differing_fields(before, now)
+def _changed_settings(step: Step, train: dict[str, Any]) -> list[str]:
+    now, before = flatten(to_dict(step.cfg)), stored_settings(train["config"])
+    changed = [f for f in differing_fields(before, now)
                if f.split(":")[0].split(".")[0] not in _FREE_TO_CHANGE]
     notes = []
     if changed:
         notes.append("training settings changed since the checkpoint (" + "; ".join(changed) + "): "
                      "the run continues with the new ones")
-    if train["micro_batches_per_update"] != trainer.micro_batches and train["world_size"] == trainer.ctx.world_size:
+    if train["micro_batches_per_update"] != step.micro_batches and train["world_size"] == step.ctx.world_size:
         notes.append(f"micro-batches per update changed from {train['micro_batches_per_update']} to "
-                     f"{trainer.micro_batches}: training continues, but not bit for bit")
-    if train["precision"] != trainer.precision:
-        notes.append(f"precision changed from {train['precision']} to {trainer.precision}")
+                     f"{step.micro_batches}: training continues, but not bit for bit")
+    if train["precision"] != step.precision:
+        notes.append(f"precision changed from {train['precision']} to {step.precision}")
     return notes

@@ -1,30 +1,24 @@
 """`nmt train`: the paper's training (section 5) on one process or torchrun workers, resumable exactly.
 
-`run(cfg)` launches torchrun when several devices take part (see `distributed`), or trains here.
-One update = M micro-batches on each of W ranks (corpus.py); its loss is the label-smoothed
-cross-entropy summed over every real target token and divided by the update's target tokens
-(loss.py); Adam with the paper's schedule (optim.py). Checkpoints hold everything needed to
-continue bit for bit: rerunning the same command resumes from the newest intact checkpoint
-(checkpoint.py). Non-finite values and micro-batches that run out of memory are skipped alike on
-every rank, within limits (guard.py).
-
-Run as ``python -m nmt_cli.training.train ARGS`` (what torchrun starts) it is the `nmt train` command.
+`run(cfg)` launches torchrun when several devices take part (see `distributed`; each worker runs
+`nmt_cli.worker`), or trains here. The `Trainer` runs the epochs: each update is a `step.Step`
+(micro-batches, gradients, the optimiser); between updates it logs, validates and saves. Checkpoints
+hold everything needed to continue bit for bit: rerunning the same command resumes from the newest
+intact checkpoint (checkpoint.py, resume.py). Non-finite values and micro-batches that run out of
+memory are skipped alike on every rank, within limits (guard.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
 
+from nmt_cli import hooks
 from nmt_cli.artifacts import atomic_write_text
 from nmt_cli.config.core import dump_yaml
 from nmt_cli.config.inference import TranslateConfig
@@ -34,8 +28,10 @@ from nmt_cli.errors import NmtError
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.training import checkpoint, corpus, distributed, guard
 from nmt_cli.training import optim as optim_lib
-from nmt_cli.training.loss import label_smoothed_nll, per_token
-from nmt_cli.training.resume import Counters, apply_resume, rng_state, training_checkpoint
+from nmt_cli.training.counters import Counters
+from nmt_cli.training.loss import per_token
+from nmt_cli.training.resume import apply_resume, rng_state, training_checkpoint
+from nmt_cli.training.step import Outcome, Step, micro_batch_loss
 from nmt_cli.training.trainlog import JSONL, TrainLog, truncate_after
 
 
@@ -57,7 +53,7 @@ def run(cfg: TrainConfig) -> None:
 def train(cfg: TrainConfig) -> None:
     """Train in this process (a torchrun worker, or the only process)."""
     ctx = distributed.setup(cfg)
-    guard.note_pid_for_tests(ctx.rank)
+    hooks.at("worker_started", rank=ctx.rank)
     log = TrainLog(cfg.save_dir, ctx.is_main, cfg.log.tensorboard_dir)
     try:
         with guard.worker_errors(cfg, ctx):
@@ -71,42 +67,19 @@ def train(cfg: TrainConfig) -> None:
     distributed.teardown(ctx)
 
 
-def micro_batch_loss(model: torch.nn.Module, batch: dict[str, Tensor], epsilon: float) -> tuple[Tensor, Tensor]:
-    """(label-smoothed loss, nll) of one micro-batch, summed over its real target tokens."""
-    keep = batch["target"] != PAD  # (B, T)
-    logits = model(batch["src"], batch["prev"], keep)  # (N, V), only real target positions
-    return label_smoothed_nll(logits, batch["target"][keep], epsilon)
-
-
 class Trainer:
+    """One rank's training run: its epochs of updates, the log, validation and checkpoints."""
+
     def __init__(self, cfg: TrainConfig, ctx: distributed.Context, data: corpus.Corpus, log: TrainLog) -> None:
         self.cfg, self.ctx, self.data, self.log = cfg, ctx, data, log
-        self.precision = distributed.resolve_precision(cfg, ctx.device)
-        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        self.model = Transformer(cfg.model, len(data.dictionary)).to(ctx.device)
-        self.ddp = distributed.wrap(self.model, ctx)
-        self.optimizer = optim_lib.build_optimizer(self.model.parameters(), cfg.optim)
-        self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=self.precision == "fp16")
-        self.micro_batches = corpus.micro_batches_per_update(cfg.batch, data.train, ctx.world_size)
+        self.step = Step(cfg, ctx, data)
+        self.model = self.step.model
         self.counters = Counters()
         self.saved_update = -1
         self.interval = _Interval()
         self.save_due = False
         self.run_start = self.last_save = time.monotonic()
         torch.manual_seed(cfg.seed * 1000 + ctx.rank)  # dropout differs between ranks
-        self.spare = corpus.shortest_example(data.train)  # a rank's zero-weight part in the gradient all-reduce
-        self.faults = guard.Faults.from_env(ctx.rank)  # tests only (guard.py)
-        self.example_log = os.environ.get("NMT_TEST_EXAMPLE_LOG")  # tests: which examples each rank saw
-
-    def autocast(self) -> Any:
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
-        if dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.ctx.device.type, dtype=dtype)
-
-    def forward_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        with self.autocast():  # the forward only, as torch.amp recommends
-            return micro_batch_loss(self.ddp, batch, self.cfg.optim.label_smoothing)
 
     # -- start / resume -------------------------------------------------------------------------
 
@@ -127,7 +100,7 @@ class Trainer:
             for problem in problems:
                 log.warn(f"{problem}; skipped it")
             try:
-                notes = apply_resume(self, state)
+                notes = apply_resume(self.step, self.counters, self.data, state)
             except (KeyError, TypeError, ValueError, IndexError) as e:  # a valid checksum over an unknown layout
                 raise NmtError(f"{path} has a training state this nmt cannot resume from ({type(e).__name__}: {e}); "
                                "was it written by another nmt version? Use another --save-dir, or move the "
@@ -153,8 +126,9 @@ class Trainer:
                 self.log.warn(f"skipped {part.skipped} of {len(part.src)} {name} examples longer than "
                               f"{min(cfg.model.max_positions, cfg.batch.max_tokens)} tokens (max_positions, max_tokens)")
         self.log.info(f"parameters={sum(p.numel() for p in self.model.parameters())} devices={self.ctx.world_size} "
-                      f"device={self.ctx.device.type} precision={self.precision} max_tokens={cfg.batch.max_tokens} "
-                      f"micro_batches_per_update={self.micro_batches} batches_per_epoch={len(split.batches)}")
+                      f"device={self.ctx.device.type} precision={self.step.precision} "
+                      f"batch.max_tokens={cfg.batch.max_tokens} micro_batches_per_update={self.step.micro_batches} "
+                      f"batches_per_epoch={len(split.batches)}")
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -180,7 +154,7 @@ class Trainer:
 
     def _epoch(self) -> bool:
         """Train on the rest of the current epoch; False when a stop condition ended it early."""
-        c, split, W, M = self.counters, self.data.train, self.ctx.world_size, self.micro_batches
+        c, split, W, M = self.counters, self.data.train, self.ctx.world_size, self.step.micro_batches
         order = corpus.order_of(split, c.epoch, self.cfg.seed)
         start = c.epoch_batches_done
         for u in range(corpus.updates_per_epoch(len(split.batches), W, M, start)):
@@ -196,48 +170,27 @@ class Trainer:
         return True
 
     def update(self, micro: list[np.ndarray | None], update_tgt_tokens: int, planned: int) -> bool:
-        """Forward/backward of this rank's micro-batches, then one optimiser step unless some rank saw a
-        non-finite value or nothing could be trained (guard.py). True when the step was taken."""
-        cfg, c, ctx = self.cfg, self.counters, self.ctx
+        """One `Step` of this rank's micro-batches, then the counters, the log and the limits of `guard`
+        (alike on every rank: they read what the all-reduce gave all). True when the step was taken."""
+        cfg, c = self.cfg, self.counters
         attempt, number = c.update + c.skipped_updates + 1, c.update + 1
-        sums, dropped = guard.forward_backward(self, micro, update_tgt_tokens, attempt)
-        self.faults.poison_gradient(self.model, attempt)
-        self.scaler.unscale_(self.optimizer)
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
-        finite_here = math.isfinite(float(norm))
-        flags = [float(not math.isfinite(sums[0])), float(not finite_here), float(dropped)]
-        # [0:5] sums, [5:8] the ranks' flags, [8:10] save due, out of time: every rank decides alike
-        totals = distributed.all_reduce_sum([*sums, *flags, *self._time_flags()], ctx)
-        health, trained_tgt = guard.Health(*map(int, totals[5:8]), ctx.world_size), totals[2]
-        applied, lr = health.finite and trained_tgt > 0, optim_lib.learning_rate(cfg.optim, cfg.model.d_model, c.update + 1)
-        if applied:
-            if trained_tgt < update_tgt_tokens:  # micro-batches were dropped: the mean over what was trained
-                for p in params:
-                    p.grad.mul_(update_tgt_tokens / trained_tgt)
-                norm = norm * (update_tgt_tokens / trained_tgt)
-            if cfg.optim.clip_norm > 0:
-                torch.nn.utils.clip_grads_with_norm_(params, cfg.optim.clip_norm, norm)
-            optim_lib.set_learning_rate(self.optimizer, lr)
-            self.scaler.step(self.optimizer)
-        guard.update_loss_scale(self.scaler, health.finite, finite_here)
-        c.update, c.skipped_updates = c.update + int(applied), c.skipped_updates + int(not applied)
+        out: Outcome = self.step.run(micro, update_tgt_tokens, attempt, number, self._time_flags())
+        for ids in out.trained:
+            hooks.at("examples_trained", rank=self.ctx.rank, epoch=c.epoch, update=c.update, ids=ids.tolist())
+        health, scaler = out.health, self.step.scaler
+        c.update, c.skipped_updates = c.update + int(out.applied), c.skipped_updates + int(not out.applied)
         c.bad_updates = 0 if health.finite else c.bad_updates + 1
         c.micro_batches, c.oom_micro_batches = c.micro_batches + planned, c.oom_micro_batches + health.oom_micro_batches
-        guard.report(self.log, number, health, c, cfg, self.scaler)
-        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
-        guard.check_nonfinite(cfg, c, health, scale, lambda: guard.locate_nonfinite(self.model, ctx),
+        guard.report(self.log, number, health, c, cfg, scaler)
+        scale = scaler.get_scale() if scaler.is_enabled() else None
+        guard.check_nonfinite(cfg, c, health, scale, lambda: guard.locate_nonfinite(self.model, self.ctx),
                               self.saved_update)
         guard.check_out_of_memory(cfg, c, self.saved_update)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.interval.add(totals[:5] if applied else None, float(norm), lr, health)
-        c.stop_requested = c.stop_requested or totals[9] > 0
-        self.save_due = totals[8] > 0
-        return applied
-
-    def batch(self, ids: np.ndarray) -> dict[str, Tensor]:
-        arrays = collate(self.data.train.src, self.data.train.tgt, ids)
-        return {k: torch.from_numpy(v).to(self.ctx.device, non_blocking=True) for k, v in arrays.items() if k != "ids"}
+        self.step.zero_grad()
+        self.interval.add(out.totals[:5] if out.applied else None, out.norm, out.lr, health)
+        c.stop_requested = c.stop_requested or out.totals[9] > 0
+        self.save_due = out.totals[8] > 0
+        return out.applied
 
     def _time_flags(self) -> list[float]:
         """[save due by the clock, out of time] (summed over ranks, so all ranks decide alike); also
@@ -247,11 +200,6 @@ class Trainer:
         save = cfg.checkpoint.save_interval_minutes > 0 and now - self.last_save >= cfg.checkpoint.save_interval_minutes * 60
         stop = cfg.stop.max_time_hours > 0 and self.counters.train_seconds >= cfg.stop.max_time_hours * 3600
         return [float(save), float(stop)]
-
-    def note_examples(self, ids: np.ndarray) -> None:
-        if self.example_log:
-            with open(Path(self.example_log) / f"examples.rank{self.ctx.rank}.txt", "a") as f:
-                f.write(f"{self.counters.epoch} {self.counters.update} {' '.join(map(str, ids.tolist()))}\n")
 
     def _after_update(self, applied: bool) -> None:
         cfg, c = self.cfg, self.counters
@@ -278,7 +226,7 @@ class Trainer:
         for ids in split.batches[ctx.rank :: ctx.world_size]:
             arrays = collate(split.src, split.tgt, ids)
             batch = {k: torch.from_numpy(v).to(ctx.device) for k, v in arrays.items() if k != "ids"}
-            with self.autocast():
+            with self.step.autocast():
                 loss, nll = micro_batch_loss(self.model, batch, self.cfg.optim.label_smoothing)
             sums += torch.stack([loss.double(), nll.double(), (batch["target"] != PAD).sum().double()])
         bleu = validation_bleu(self.model, self.data, self.cfg, ctx)
@@ -305,11 +253,11 @@ class Trainer:
         if c.update == self.saved_update:
             return
         best = self._validate()
-        guard.check_replicas(self.model, self.scaler.get_scale(), c.update, self.ctx)
+        guard.check_replicas(self.model, self.step.scaler.get_scale(), c.update, self.ctx)
         c.log_sums = self.interval.sums()
         rng = distributed.all_gather(rng_state(self.ctx.device), self.ctx)
         if self.ctx.is_main:
-            state = training_checkpoint(self, rng, c.valid_loss, best)
+            state = training_checkpoint(self.step, c, self.data, rng, best)
             path = checkpoint.save_training(Path(self.cfg.save_dir), c.update, state, best, self.cfg.checkpoint.keep_last)
             self.log.info(f"saved {path}" + (" (best so far)" if best else ""))
         self.saved_update, self.last_save = c.update, time.monotonic()
@@ -331,13 +279,13 @@ def print_plan(cfg: TrainConfig) -> None:
         ctx = distributed.Context(0, 1, 0, torch.device("cuda" if kind == "GPU" else "cpu"))
         if cfg.threads > 0:
             torch.set_num_threads(cfg.threads)
-        print(guard.try_largest_batch(Trainer(cfg, ctx, data, TrainLog(cfg.save_dir, enabled=False))))
+        print(Step(cfg, ctx, data).try_largest_batch())
 
 
 def validation_bleu(model: Transformer, data: corpus.Corpus, cfg: TrainConfig,
                     ctx: distributed.Context) -> float | None:
-    """sacreBLEU of the model's translations of the valid split (its first `valid_bleu_sentences`),
-    searched with beam `valid_bleu_beam`, each rank translating a share. The references are the valid
+    """sacreBLEU of the model's translations of the valid split (its first `valid.bleu_sentences`),
+    searched with beam `valid.bleu_beam`, each rank translating a share. The references are the valid
     targets decoded from their pieces, so they carry sentencepiece's normalisation: a number to
     watch during training, close to but not the score `nmt score` gives against the raw text."""
     if not cfg.valid.bleu:
@@ -405,23 +353,3 @@ class _Interval:
                 "sentences": round(v["sentences"] / n), "updates": self.updates,
                 "skipped_updates": int(v["skipped"]), "oom_micro_batches": int(v["oom"]),
                 "tokens_per_second": round(self.speed(), 1), "wall_seconds": round(c.train_seconds, 3)}
-
-
-if __name__ == "__main__":  # what torchrun starts: the `nmt train` command with the same arguments
-    from nmt_cli.cli import app
-
-    try:
-        app(["train", *sys.argv[1:]], prog_name="nmt")
-        status = 0
-    except SystemExit as e:
-        if e.code is not None and not isinstance(e.code, int):
-            print(e.code, file=sys.stderr)  # what the interpreter would have printed
-        status = e.code if isinstance(e.code, int) else int(e.code is not None)
-    # A worker ends without the interpreter's shutdown: gloo's threads may still hold a finished
-    # collective whose tensors point to Python objects, and releasing them while the interpreter
-    # shuts down aborts the process ("terminate called without an active exception", 2 runs in 141 of
-    # tests/test_train.py's validation BLEU run; see pytorch pull request 179291). Everything this
-    # worker wrote is closed by now; only its output streams remain to flush.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
