@@ -14,8 +14,8 @@ Rows, each against what torch would do without it:
 - one Adam update of 20M float32 parameters in 100 tensors: fused (`optim.build_optimizer`) against
   torch's foreach implementation;
 - incremental decoding's self-attention compiled, bf16, 240 rows (8 heads of 64) of one query
-  over 8 and 80 cached positions: `kernels.cached_attention` (products and sums, fused by inductor) against the
-  compiled `attention` (batched products left to torch), in us a row;
+  over 8 and 80 cached positions: `kernels.cached_attention` (products and sums, fused by
+  inductor) against the compiled `attention` (batched products left to torch), in us a row;
 - the best 4 of 7968 logits of 1200 rows compiled, bf16: `beams.best_tokens`' two stages against
   `log_softmax` + `topk` over whole rows.
 The compiled rows need a C++ compiler; they are left out where torch.compile cannot run.
@@ -109,7 +109,8 @@ def compiled_rows(repeats: int) -> list[tuple[str, str, float]]:
         with torch.no_grad():
             rows.append((f"cached attention, {length} positions, per row (us)", "kernels.cached_attention",
                          timed(functools.partial(fused, q, k, v), repeats) / 240 * 1e6))
-            rows.append(("", "compiled attention", timed(functools.partial(plain, q, k, v), repeats) / 240 * 1e6))
+            rows.append(("", "compiled attention",
+                         timed(functools.partial(plain, q, k, v), repeats) / 240 * 1e6))
     logits = torch.randn(1200, 7968, generator=g).bfloat16()
     two_stage = torch.compile(beams.best_tokens, dynamic=False)
 

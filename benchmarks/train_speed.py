@@ -84,8 +84,8 @@ def tiny_sentencepiece_model(symbols: list[str]) -> bytes:
     """A real sentencepiece model (training checks that the folder has one); the ids are synthetic."""
     model = io.BytesIO()
     lines = (" ".join(symbols[i : i + 20]) for i in range(0, len(symbols), 20))
-    spm.SentencePieceTrainer.train(sentence_iterator=lines, model_writer=model, vocab_size=40, model_type="bpe",
-                                   minloglevel=2)
+    spm.SentencePieceTrainer.train(sentence_iterator=lines, model_writer=model, vocab_size=40,
+                                   model_type="bpe", minloglevel=2)
     return model.getvalue()
 
 
@@ -135,7 +135,8 @@ def measure(data: Path, precision: str, args: argparse.Namespace) -> dict[str, f
     done, used, src, tgt, start, cpu = 0, [], 0, 0, None, 0.0
     while start is None or time.perf_counter() - start < args.seconds:
         ids = split.batches[order[done % len(order)]]
-        s, t = int(split.src_tokens[order[done % len(order)]]), int(split.tgt_tokens[order[done % len(order)]])
+        s, t = (int(split.src_tokens[order[done % len(order)]]),
+                int(split.tgt_tokens[order[done % len(order)]]))
         if done == args.warmup:
             start, used, src, tgt, cpu = time.perf_counter(), [], 0, 0, _cpu_seconds()
         trainer.update([ids], t, 1)
@@ -143,8 +144,8 @@ def measure(data: Path, precision: str, args: argparse.Namespace) -> dict[str, f
         src, tgt, done = src + s, tgt + t, done + 1
     seconds = time.perf_counter() - start
     cpu = _cpu_seconds() - cpu
-    flops = 6 * (enc * src + dec * tgt) + attention_flops(split, used, cfg.model.d_model, cfg.model.encoder_layers,
-                                                         cfg.model.decoder_layers)
+    flops = 6 * (enc * src + dec * tgt) + attention_flops(split, used, cfg.model.d_model,
+                                                         cfg.model.encoder_layers, cfg.model.decoder_layers)
     return {"tokens_per_second": tgt / seconds, "flops_per_second": flops / seconds, "updates": len(used),
             "cpu_busy": cpu / (seconds * args.threads)}
 
@@ -169,7 +170,8 @@ def main() -> None:
     print(describe())
     print(f"{args.arch}, vocabulary {args.vocab}, max_tokens {args.max_tokens}, torch {torch.__version__}, "
           f"load average before: {os.getloadavg()[0]:.1f} (other processes on the CPU lower every number)")
-    print("MFU = (6*(P_enc*src_tokens + P_dec*tgt_tokens) + 12*D*L*(sum S^2 + sum T^2/2 + sum S*T)) / s / peak")
+    print("MFU = (6*(P_enc*src_tokens + P_dec*tgt_tokens) + 12*D*L*(sum S^2 + sum T^2/2 + sum S*T)) "
+          "/ s / peak")
     print(f"{'threads':<8}{'precision':<10}{'tgt tok/s':>12}{'model GFLOP/s':>15}{'matmul peak GFLOP/s':>22}"
           f"{'MFU':>8}{'updates':>9}{'CPU busy':>10}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -184,7 +186,8 @@ def main() -> None:
                 peak = max(before, matmul_peak(dtype))  # the better of before/after: others share the CPU
                 print(f"{count:<8}{precision:<10}{row['tokens_per_second']:>12,.0f}"
                       f"{row['flops_per_second'] / 1e9:>15,.1f}{peak / 1e9:>22,.1f}"
-                      f"{row['flops_per_second'] / peak:>8.1%}{row['updates']:>9}{row['cpu_busy']:>10.0%}", flush=True)
+                      f"{row['flops_per_second'] / peak:>8.1%}{row['updates']:>9}{row['cpu_busy']:>10.0%}",
+                      flush=True)
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 

@@ -40,12 +40,13 @@ from nmt_cli.model import file as model_file
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "wmt14-newstest2014" / "en-de"
 
 
-def measure(translator: Translator, lines: list[str], cached: bool) -> tuple[float, float | None, int, list[str]]:
+def measure(translator: Translator, lines: list[str],
+            cached: bool) -> tuple[float, float | None, int, list[str]]:
     """(wall seconds, CPU seconds of all threads, target tokens with EOS, detokenized outputs)."""
     start, cpu_start = time.perf_counter(), time.process_time()
     sources = [translator.encode(line, i + 1) for i, line in enumerate(lines)]
-    found = translate_ids(translator.model, sources, translator.cfg, workers=translator.workers, cached=cached,
-                          replicas=translator.replicas)
+    found = translate_ids(translator.model, sources, translator.cfg, workers=translator.workers,
+                          cached=cached, replicas=translator.replicas)
     outputs = [translator.decode(h[0].tokens) for h in found]
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     if translator.replicas is not None:
@@ -54,18 +55,22 @@ def measure(translator: Translator, lines: list[str], cached: bool) -> tuple[flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--source", type=Path, default=DATA / "newstest2014.en")
     parser.add_argument("--reference", type=Path, default=DATA / "newstest2014.de")
     parser.add_argument("--sentences", type=int, default=1000)
-    parser.add_argument("--reference-sentences", type=int, default=100, help="sentences for the uncached search")
+    parser.add_argument("--reference-sentences", type=int, default=100,
+                        help="sentences for the uncached search")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=TranslateConfig.max_tokens)
     parser.add_argument("--dtypes", default="fp32,bf16")
-    parser.add_argument("--compile", action="store_true", help="also time the search with the decoder step compiled")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time the search with the decoder step compiled")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
-                        help="instead of the table: torch's profile of beam 4 (first dtype) on N sentences, one thread")
+                        help="instead of the table: torch's profile of beam 4 (first dtype) "
+                             "on N sentences, one thread")
     args = parser.parse_args()
     keep_freed_memory()  # as `nmt translate` does on the CPU: one torch thread per batch searched at once
     torch.set_num_threads(1)
@@ -85,7 +90,8 @@ def main() -> None:
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
         for beam in (4, 1):
             cfg = TranslateConfig(model=args.model, beam=beam, max_tokens=args.max_tokens)
-            translator = Translator(model.to(dtype), dictionary, sp, cfg, lambda _: None, workers=args.threads)
+            translator = Translator(model.to(dtype), dictionary, sp, cfg, lambda _: None,
+                                    workers=args.threads)
             measure(translator, lines[:20], cached=True)  # warm-up: thread pools, kernel selection
             for cached in (True, False):
                 subset = lines if cached else lines[: args.reference_sentences]
@@ -95,13 +101,13 @@ def main() -> None:
                 measure_compiled(translator, beam, dtype_name, lines, refs, args.threads)
 
 
-def print_row(beam: int, dtype_name: str, decoder: str, subset: list[str], seconds: float, cpu_seconds: float | None,
-              tokens: int, outputs: list[str], refs: list[str]) -> None:
+def print_row(beam: int, dtype_name: str, decoder: str, subset: list[str], seconds: float,
+              cpu_seconds: float | None, tokens: int, outputs: list[str], refs: list[str]) -> None:
     bleu = sacrebleu.corpus_bleu(outputs, [refs[: len(subset)]]).score
     cpu = "-" if cpu_seconds is None else f"{cpu_seconds:.1f}"
-    print(f"{'beam 4' if beam == 4 else 'greedy':<8} {dtype_name:<5} {decoder:<13} {len(subset):>9} {seconds:>8.2f} "
-          f"{cpu:>7} {len(subset) / seconds:>8.1f} {tokens / seconds:>8.0f} {tokens / len(subset):>7.1f} "
-          f"{bleu:>6.2f}", flush=True)
+    print(f"{'beam 4' if beam == 4 else 'greedy':<8} {dtype_name:<5} {decoder:<13} {len(subset):>9} "
+          f"{seconds:>8.2f} {cpu:>7} {len(subset) / seconds:>8.1f} {tokens / seconds:>8.0f} "
+          f"{tokens / len(subset):>7.1f} {bleu:>6.2f}", flush=True)
 
 
 def measure_compiled(translator: Translator, beam: int, dtype_name: str, lines: list[str], refs: list[str],

@@ -1,8 +1,9 @@
 """A stand-in for statmt.org on 127.0.0.1, and WMT14 archives in the layout of the real ones.
 
 `FakeStatmt` serves bytes by URL path with HTTP Range support, records every request, and can be
-told to fail the next requests for a path in scripted ways (see FAULTS), and redirects paths. `wmt14_archives` builds small archives with the real archive names and member paths
-(training text from the shared data, the real newstest2014 SGML files, newstest2013 as in dev.tgz).
+told to fail the next requests for a path in scripted ways (see FAULTS), and redirects paths.
+`wmt14_archives` builds small archives with the real archive names and member paths (training text
+from the shared data, the real newstest2014 SGML files, newstest2013 as in dev.tgz).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from pathlib import Path
 # stall: answer after 1 s; stall-body: half the body, then 1 s of silence; no-length: no Content-Length,
 # half the body, then close (the client cannot tell it is short); bad-range: a range request answered
 # with 206 for a range that starts elsewhere.
-FAULTS = ("cut", "500", "404", "drop", "ignore-range", "wrong", "stall", "stall-body", "no-length", "bad-range")
+FAULTS = ("cut", "500", "404", "drop", "ignore-range", "wrong", "stall", "stall-body", "no-length",
+          "bad-range")
 
 
 class FakeStatmt:
@@ -157,7 +159,8 @@ def read_lines(path: Path) -> list[str]:
 
 # Pairs that each training corpus gets on top of real text, to exercise every cleaning step.
 NOISE = [("", "Leer."), ("one two three", " "), (" ".join(["word"] * 260), " ".join(["Wort"] * 260)),
-         ("a b c d e f g h i j", "a b"), ("Same pair .", "Gleiches Paar ."), ("Same pair .", "Gleiches Paar .")]
+         ("a b c d e f g h i j", "a b"), ("Same pair .", "Gleiches Paar ."),
+         ("Same pair .", "Gleiches Paar .")]
 
 
 def training_pairs(data: Path, other: str, start: int, count: int) -> list[tuple[str, str]]:
@@ -180,7 +183,8 @@ def wmt14_archives(data: Path, pairs_per_corpus: int = 200) -> dict[str, dict]:
     corpora = {  # URL path -> member template (with {pair} and {lang}) per language pair
         "/wmt13/training-parallel-europarl-v7.tgz": {"de": "training/europarl-v7.{pair}.{lang}",
                                                      "fr": "training/europarl-v7.{pair}.{lang}"},
-        "/wmt13/training-parallel-commoncrawl.tgz": {"de": "commoncrawl.{pair}.{lang}", "fr": "commoncrawl.{pair}.{lang}"},
+        "/wmt13/training-parallel-commoncrawl.tgz": {"de": "commoncrawl.{pair}.{lang}",
+                                                     "fr": "commoncrawl.{pair}.{lang}"},
         "/wmt14/training-parallel-nc-v9.tgz": {"de": "training/news-commentary-v9.{pair}.{lang}",
                                                "fr": "training/news-commentary-v9.{pair}.{lang}"},
         "/wmt13/training-parallel-un.tgz": {"fr": "un/undoc.2000.{pair}.{lang}"},
@@ -204,7 +208,8 @@ def wmt14_archives(data: Path, pairs_per_corpus: int = 200) -> dict[str, dict]:
                                         / f"newstest2013.{lang}").read_bytes() for lang in ("en", "de", "fr")}
     dev["dev/newstest2012.en"] = b"a decoy\n"
     archives["/wmt14/dev.tgz"] = {"bytes": tar_bytes(dev), "train": {}}
-    sgm = {f"test-full/{p.name}": p.read_bytes() for p in sorted((data / "wmt14-newstest2014/sgm").glob("*.sgm"))}
+    sgm = {f"test-full/{p.name}": p.read_bytes()
+           for p in sorted((data / "wmt14-newstest2014/sgm").glob("*.sgm"))}
     archives["/wmt14/test-full.tgz"] = {"bytes": tar_bytes(sgm), "train": {}}
     return archives
 

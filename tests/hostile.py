@@ -153,7 +153,8 @@ FOLDER_DAMAGES: dict[str, tuple[Callable[[Path], None], bool]] = {
     "manifest_a_list": (_write("manifest.json", b"[1, 2, 3]"), False),
     "manifest_of_another_stage": (_edit_manifest(lambda m: m.update(stage="score")), False),
     "manifest_bad_layout": (_edit_manifest(lambda m: m.update(outputs=[1, 2])), False),
-    "manifest_escaping_split": (_edit_manifest(lambda m: m["splits"].update({"../../escaped": {"lines": 1}})), False),
+    "manifest_escaping_split": (_edit_manifest(
+        lambda m: m["splits"].update({"../../escaped": {"lines": 1}})), False),
     "manifest_escaping_language": (_edit_manifest(lambda m: m.update(src_lang="../../x")), False),
     "manifest_without_languages": (_edit_manifest(lambda m: m.pop("src_lang")), False),
     "output_truncated": (_truncate_first_output, False),

@@ -54,7 +54,8 @@ def build(out: Path, train: int = 600, valid: int = 60, max_words: int = 8, seed
             for lang, side in ((SRC, seqs), (TGT, [list(reversed(s)) for s in seqs])):
                 writer = IndexedWriter(out / f"{split}.{lang}", token_dtype(len(dictionary)))
                 ids = [dictionary.encode(s) for s in side]
-                writer.add_many(np.concatenate([np.array(i, np.int64) for i in ids]), np.array([len(i) for i in ids]))
+                writer.add_many(np.concatenate([np.array(i, np.int64) for i in ids]),
+                                np.array([len(i) for i in ids]))
                 writer.close()
                 stage.add_output(f"{split}.{lang}.bin")
                 stage.add_output(f"{split}.{lang}.idx")

@@ -17,12 +17,15 @@ from nmt_cli.model import file as model_file
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.training.average import average_states, run
 
-CFG = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=32, d_ff=64, heads=4, dropout=0.0, max_positions=64)
+CFG = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=32, d_ff=64, heads=4, dropout=0.0,
+                  max_positions=64)
 
 
 def test_average_states_is_the_elementwise_mean_in_the_original_dtype() -> None:
-    a = {"w": torch.tensor([1.0, 2.0], dtype=torch.bfloat16), "n": torch.tensor(3), "x": torch.tensor([0.1, 0.2])}
-    b = {"w": torch.tensor([3.0, 5.0], dtype=torch.bfloat16), "n": torch.tensor(4), "x": torch.tensor([0.3, 0.6])}
+    a = {"w": torch.tensor([1.0, 2.0], dtype=torch.bfloat16), "n": torch.tensor(3),
+         "x": torch.tensor([0.1, 0.2])}
+    b = {"w": torch.tensor([3.0, 5.0], dtype=torch.bfloat16), "n": torch.tensor(4),
+         "x": torch.tensor([0.3, 0.6])}
     mean = average_states(iter([a, b]))
     assert mean["w"].dtype == torch.bfloat16 and mean["w"].tolist() == [2.0, 3.5]
     torch.testing.assert_close(mean["x"], torch.tensor([0.2, 0.4]))
@@ -49,7 +52,8 @@ def checkpoints(folder: Path, toy_spm, updates: list[int], cfg: ModelConfig = CF
 
 def test_last_n_checkpoints_are_averaged_and_translate(tmp_path: Path, toy_spm) -> None:
     checkpoints(tmp_path, toy_spm, [9, 10, 100])  # by update number: 100 is the newest, not 9
-    save_model_file(tmp_path / "checkpoint_last.pt", Transformer(CFG, len(toy_spm[1])), toy_spm[1], toy_spm[0])
+    save_model_file(tmp_path / "checkpoint_last.pt", Transformer(CFG, len(toy_spm[1])), toy_spm[1],
+                    toy_spm[0])
     out = tmp_path / "averaged.pt"
     nmt("average", tmp_path, "--last", 2, "--out", out)
     averaged = model_file.load(out)

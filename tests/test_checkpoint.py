@@ -21,7 +21,8 @@ from nmt_cli.model.transformer import Transformer
 from nmt_cli.training import checkpoint
 from nmt_cli.training.checkpoint import BEST, LAST
 
-CFG = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, d_ff=32, heads=2, dropout=0.0, max_positions=32)
+CFG = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, d_ff=32, heads=2, dropout=0.0,
+                  max_positions=32)
 
 
 def _state(update: int) -> dict:
@@ -115,7 +116,8 @@ def test_resume_takes_the_newest_intact_checkpoint(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     assert checkpoint.load_latest(empty) is None
-    (empty / "checkpoint_3.pt").write_bytes(b"")  # even an empty file is a checkpoint that must not be ignored
+    # even an empty file is a checkpoint that must not be ignored
+    (empty / "checkpoint_3.pt").write_bytes(b"")
     with pytest.raises(NmtError, match="checkpoint_3.pt"):
         checkpoint.load_latest(empty)
 
@@ -128,7 +130,8 @@ def test_relinking_best_after_a_crash(tmp_path: Path) -> None:
 
 
 def test_interrupted_writes_are_cleaned_up(tmp_path: Path) -> None:
-    names = [".checkpoint_4.pt.abc.tmp", ".checkpoint_last.pt.123.tmp", ".train.jsonl.x1.tmp", ".config.yaml.y.tmp"]
+    names = [".checkpoint_4.pt.abc.tmp", ".checkpoint_last.pt.123.tmp", ".train.jsonl.x1.tmp",
+             ".config.yaml.y.tmp"]
     for name in [*names, "notes.tmp", ".other.tmp"]:
         (tmp_path / name).write_text("x")
     assert sorted(p.name for p in checkpoint.remove_temporaries(tmp_path)) == sorted(names)
@@ -139,8 +142,9 @@ def test_interrupted_writes_are_cleaned_up(tmp_path: Path) -> None:
 # No file runs code
 
 
-_UNSAFE_CALLS = {"pickle.load", "pickle.loads", "torch.jit.load", "marshal.load", "marshal.loads", "yaml.load",
-                 "yaml.unsafe_load", "yaml.full_load", "dill.load", "joblib.load", "torch.serialization.load"}
+_UNSAFE_CALLS = {"pickle.load", "pickle.loads", "torch.jit.load", "marshal.load", "marshal.loads",
+                 "yaml.load", "yaml.unsafe_load", "yaml.full_load", "dill.load", "joblib.load",
+                 "torch.serialization.load"}
 
 
 def test_every_torch_load_in_the_package_is_weights_only() -> None:
@@ -150,14 +154,16 @@ def test_every_torch_load_in_the_package_is_weights_only() -> None:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module in ("pickle", "torch", "marshal", "dill"):
-                assert all(a.name not in ("load", "loads") for a in node.names), f"{path.name}: imports a loader"
+                assert all(a.name not in ("load", "loads") for a in node.names), \
+                    f"{path.name}: imports a loader"
             if not isinstance(node, ast.Call):
                 continue
             name = ast.unparse(node.func)
             where = f"{path.name}:{node.lineno}"
             assert name not in _UNSAFE_CALLS, f"{where}: {name} can run code from a file"
             if name in ("np.load", "numpy.load"):
-                assert not any(k.arg == "allow_pickle" for k in node.keywords), f"{where}: np.load with pickles"
+                assert not any(k.arg == "allow_pickle" for k in node.keywords), \
+                    f"{where}: np.load with pickles"
             if name == "torch.load":
                 flags = [k.value for k in node.keywords if k.arg == "weights_only"]
                 assert flags and isinstance(flags[0], ast.Constant) and flags[0].value is True, where
@@ -233,8 +239,10 @@ def test_average_and_translate_refuse_damaged_files_by_name(tmp_path: Path, toy_
     _flip(paths[1])
     _truncate(paths[2])
     out = tmp_path / "avg.pt"
-    assert_user_error(nmt("average", tmp_path, "--last", 3, "--out", out, check=False), "checkpoint_2.pt", "corrupt")
-    assert_user_error(nmt("average", paths[0], paths[2], "--out", out, check=False), "checkpoint_3.pt", "truncated")
+    assert_user_error(nmt("average", tmp_path, "--last", 3, "--out", out, check=False),
+                      "checkpoint_2.pt", "corrupt")
+    assert_user_error(nmt("average", paths[0], paths[2], "--out", out, check=False),
+                      "checkpoint_3.pt", "truncated")
     assert not out.exists()
     assert_user_error(nmt("translate", paths[1], input="a\n", check=False), "checkpoint_2.pt", "corrupt")
     assert_user_error(nmt("translate", paths[2], input="a\n", check=False), "checkpoint_3.pt", "truncated")

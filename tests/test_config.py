@@ -133,8 +133,10 @@ def test_cli_help_does_not_import_torch() -> None:
 def test_cli_config_errors_are_one_clear_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("vocab_size: many\n")
-    assert_user_error(nmt("bpe", tmp_path, "--out", tmp_path / "o", "--config", bad, check=False), "vocab_size")
-    assert_user_error(nmt("bpe", tmp_path, "--out", tmp_path / "o", "--set", "vocab=1", check=False), "vocab_size")
+    assert_user_error(nmt("bpe", tmp_path, "--out", tmp_path / "o", "--config", bad, check=False),
+                      "vocab_size")
+    assert_user_error(nmt("bpe", tmp_path, "--out", tmp_path / "o", "--set", "vocab=1", check=False),
+                      "vocab_size")
     assert_user_error(nmt("bpe", tmp_path, "--out", tmp_path / "o", "--config", tmp_path / "missing.yaml",
                           check=False), "does not exist")
     assert read_yaml(bad) == {"vocab_size": "many"}

@@ -11,7 +11,8 @@ from nmt_cli.training.distributed import torchrun_arguments, worker_arguments
 
 
 def _cfg(**changes: object) -> TrainConfig:
-    cfg = dataclasses.replace(train_base("transformer_big"), data=Path("data/bin"), save_dir=Path("ckpt"), **changes)
+    cfg = dataclasses.replace(train_base("transformer_big"), data=Path("data/bin"), save_dir=Path("ckpt"),
+                              **changes)
     cfg.model.dropout = 0.1
     return cfg
 

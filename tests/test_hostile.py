@@ -46,8 +46,8 @@ from nmt_cli.cli import app
 SRC, TGT = "en", "de"
 TINY = ["--arch", "transformer_tiny", "--set", "model.d_model=32", "--set", "model.heads=2", "--set",
         "model.d_ff=64", "--set", "model.encoder_layers=1", "--set", "model.decoder_layers=1", "--set",
-        "model.max_positions=64", "--max-tokens", 256, "--tokens-per-update", 256, "--save-interval-minutes", 0,
-        "--set", "valid.interval_updates=0", "--set", "threads=1"]
+        "model.max_positions=64", "--max-tokens", 256, "--tokens-per-update", 256,
+        "--save-interval-minutes", 0, "--set", "valid.interval_updates=0", "--set", "threads=1"]
 
 
 def invoke(*args: object) -> tuple[int, str]:
@@ -156,8 +156,9 @@ def a_file(tmp: Path) -> Path:
 
 YAML_MESSAGES = {
     "a_list": "must hold a mapping", "unknown_key": "unknown option 'no_such_option'",
-    "key_not_a_word": "option names are words", "broken_yaml": "not valid YAML", "invalid_utf8": "cannot read config",
-    "path_given_a_mapping": "must be a path", "a_folder": "cannot read config", "wrong_type": "must be a whole number",
+    "key_not_a_word": "option names are words", "broken_yaml": "not valid YAML",
+    "invalid_utf8": "cannot read config", "path_given_a_mapping": "must be a path",
+    "a_folder": "cannot read config", "wrong_type": "must be a whole number",
     "nan": "must be a whole number", "out_of_range": "must be at least",
 }
 
@@ -198,7 +199,8 @@ def prepare_contract(w: World, out: Path | None, printed: str) -> None:
     for split, info in manifest["splits"].items():
         for lang in (SRC, TGT):
             text = (out / f"{split}.{lang}").read_bytes()
-            assert text.count(b"\n") == info["lines"] and b"\r" not in text and (not text or text.endswith(b"\n"))
+            assert (text.count(b"\n") == info["lines"] and b"\r" not in text
+                    and (not text or text.endswith(b"\n")))
 
 
 refused("prepare", "empty", prepare_text("empty"), "empty")
@@ -216,9 +218,12 @@ def source_is_a_folder(w: World, tmp: Path) -> tuple[list[object], Path]:
 
 
 refused("prepare", "file_is_a_folder", source_is_a_folder, "c.en not found")
-refused("prepare", "missing_file", lambda w, tmp: prepare_args(w, tmp, tmp / "nothing"), "nothing.en", "not found")
-refused("prepare", "out_is_a_file", lambda w, tmp: prepare_args(w, tmp, w.raw / "train", a_file(tmp)), "is a file")
-refused("prepare", "out_below_a_file", lambda w, tmp: prepare_args(w, tmp, w.raw / "train", a_file(tmp) / "raw"),
+refused("prepare", "missing_file", lambda w, tmp: prepare_args(w, tmp, tmp / "nothing"),
+        "nothing.en", "not found")
+refused("prepare", "out_is_a_file", lambda w, tmp: prepare_args(w, tmp, w.raw / "train", a_file(tmp)),
+        "is a file")
+refused("prepare", "out_below_a_file",
+        lambda w, tmp: prepare_args(w, tmp, w.raw / "train", a_file(tmp) / "raw"),
         "a_file", "Not a directory")
 yaml_cases("prepare", "workers", "out", lambda w, tmp: prepare_args(w, tmp, w.raw / "train"))
 
@@ -231,12 +236,13 @@ def bpe_args(source: Path, tmp: Path, *extra: object, out: Path | None = None) -
     return ["bpe", source, "--out", out, "--vocab-size", 60, "--workers", 1, *extra], out
 
 
-def damaged(good: Callable[[World], Path], damage: str, args: Callable[[Path, Path], tuple[list[object], Path]]) -> Build:
+def damaged(good: Callable[[World], Path], damage: str,
+            args: Callable[[Path, Path], tuple[list[object], Path]]) -> Build:
     return lambda w, tmp: args(damage_folder(good(w), tmp / "damaged", damage), tmp)
 
 
-def hostile_text(good: Callable[[World], Path], fault: str, args: Callable[[Path, Path], tuple[list[object], Path]],
-                 good_lines: bool = True) -> Build:
+def hostile_text(good: Callable[[World], Path], fault: str,
+                 args: Callable[[Path, Path], tuple[list[object], Path]], good_lines: bool = True) -> Build:
     """The input folder of a stage, as its stage would have written it from hostile text."""
     def build(w: World, tmp: Path) -> tuple[list[object], Path]:
         folder = good(w)
@@ -263,27 +269,34 @@ def same_lines_as_input(stage: str, key: str) -> Check:
 
 
 FOLDER_MESSAGES = {
-    "no_manifest": "has no manifest.json", "manifest_not_json": "is corrupt", "manifest_a_list": "written by `nmt None`",
+    "no_manifest": "has no manifest.json", "manifest_not_json": "is corrupt",
+    "manifest_a_list": "written by `nmt None`",
     "manifest_of_another_stage": "written by `nmt score`", "manifest_bad_layout": "layout nmt writes",
-    "manifest_escaping_split": "split '../../escaped'", "manifest_escaping_language": "two different languages",
+    "manifest_escaping_split": "split '../../escaped'",
+    "manifest_escaping_language": "two different languages",
     "manifest_without_languages": "two different languages", "output_truncated": "changed or truncated",
     "bin_truncated": "points to", "idx_points_past_bin": "points to 1000000000 tokens",
     "idx_bad_header": "not an nmt index file", "idx_offsets_out_of_order": "offsets out of order",
     "ids_beyond_dictionary": "token ids beyond", "dict_duplicate_symbol": "already appears on line",
-    "bin_is_a_folder": "not a file", "spm_garbage": "not a sentencepiece model", "spm_garbage_unsealed": "sha256",
+    "bin_is_a_folder": "not a file", "spm_garbage": "not a sentencepiece model",
+    "spm_garbage_unsealed": "sha256",
 }
-for damage in ("no_manifest", "manifest_not_json", "manifest_a_list", "manifest_of_another_stage", "manifest_bad_layout",
-               "manifest_escaping_split", "manifest_escaping_language", "output_truncated"):
+for damage in ("no_manifest", "manifest_not_json", "manifest_a_list", "manifest_of_another_stage",
+               "manifest_bad_layout", "manifest_escaping_split", "manifest_escaping_language",
+               "output_truncated"):
     refused("bpe", damage, damaged(lambda w: w.raw, damage, bpe_args), FOLDER_MESSAGES[damage])
 refused("bpe", "input_of_another_stage", lambda w, tmp: bpe_args(w.bpe, tmp), "written by `nmt bpe`")
-refused("bpe", "invalid_utf8", hostile_text(lambda w: w.raw, "invalid_utf8", bpe_args), "line 302: invalid UTF-8")
-refused("bpe", "empty", hostile_text(lambda w: w.raw, "empty", bpe_args, good_lines=False), "no text to train on")
+refused("bpe", "invalid_utf8", hostile_text(lambda w: w.raw, "invalid_utf8", bpe_args),
+        "line 302: invalid UTF-8")
+refused("bpe", "empty", hostile_text(lambda w: w.raw, "empty", bpe_args, good_lines=False),
+        "no text to train on")
 for fault in ("huge_line", "nul", "crlf", "lone_cr", "blank_lines", "no_final_newline"):
     works("bpe", fault, hostile_text(lambda w: w.raw, fault, bpe_args), same_lines_as_input("bpe", "lines"))
 refused("bpe", "model_garbage", lambda w, tmp: bpe_args(w.raw, tmp, "--model", w.models["garbage"]),
         "not a sentencepiece model")
 refused("bpe", "model_is_a_folder", lambda w, tmp: bpe_args(w.raw, tmp, "--model", tmp), "Is a directory")
-refused("bpe", "model_missing", lambda w, tmp: bpe_args(w.raw, tmp, "--model", tmp / "nothing"), "does not exist")
+refused("bpe", "model_missing", lambda w, tmp: bpe_args(w.raw, tmp, "--model", tmp / "nothing"),
+        "does not exist")
 refused("bpe", "input_is_a_file", lambda w, tmp: bpe_args(a_file(tmp), tmp), "not a folder")
 refused("bpe", "out_is_a_file", lambda w, tmp: bpe_args(w.raw, tmp, out=a_file(tmp)), "is a file")
 yaml_cases("bpe", "vocab_size", "out", lambda w, tmp: bpe_args(w.raw, tmp))
@@ -292,7 +305,8 @@ yaml_cases("bpe", "vocab_size", "out", lambda w, tmp: bpe_args(w.raw, tmp))
 # -- binarize -------------------------------------------------------------------------------------
 
 
-def binarize_args(source: Path, tmp: Path, *extra: object, out: Path | None = None) -> tuple[list[object], Path]:
+def binarize_args(source: Path, tmp: Path, *extra: object,
+                  out: Path | None = None) -> tuple[list[object], Path]:
     out = out or tmp / "bin"
     return ["binarize", source, "--out", out, "--workers", 1, *extra], out
 
@@ -312,13 +326,15 @@ def dictionary(content: bytes | None) -> Build:
 for damage in ("no_manifest", "manifest_not_json", "manifest_of_another_stage", "manifest_bad_layout",
                "manifest_escaping_split", "output_truncated", "spm_garbage", "spm_garbage_unsealed"):
     refused("binarize", damage, damaged(lambda w: w.bpe, damage, binarize_args), FOLDER_MESSAGES[damage])
-refused("binarize", "input_of_another_stage", lambda w, tmp: binarize_args(w.raw, tmp), "written by `nmt prepare`")
+refused("binarize", "input_of_another_stage", lambda w, tmp: binarize_args(w.raw, tmp),
+        "written by `nmt prepare`")
 refused("binarize", "dictionary_duplicate_symbol", dictionary(b"duplicate"), "already appears on line")
 refused("binarize", "dictionary_empty", dictionary(b""), "special symbols")
-refused("binarize", "dictionary_invalid_utf8", dictionary(b"<pad> 0\n<s> 0\n</s> 0\n<unk> 0\n\xff 1\n"), "invalid UTF-8")
+refused("binarize", "dictionary_invalid_utf8", dictionary(b"<pad> 0\n<s> 0\n</s> 0\n<unk> 0\n\xff 1\n"),
+        "invalid UTF-8")
 refused("binarize", "dictionary_is_a_folder", dictionary(None), "is a folder, not a file")
-refused("binarize", "dictionary_missing", lambda w, tmp: binarize_args(w.bpe, tmp, "--dictionary", tmp / "no"),
-        "does not exist")
+refused("binarize", "dictionary_missing",
+        lambda w, tmp: binarize_args(w.bpe, tmp, "--dictionary", tmp / "no"), "does not exist")
 refused("binarize", "invalid_utf8", hostile_text(lambda w: w.bpe, "invalid_utf8", binarize_args), "not UTF-8")
 for fault in ("huge_line", "nul", "lone_cr", "blank_lines", "no_final_newline"):
     works("binarize", fault, hostile_text(lambda w: w.bpe, fault, binarize_args),
@@ -330,9 +346,11 @@ yaml_cases("binarize", "workers", "out", lambda w, tmp: binarize_args(w.bpe, tmp
 # -- train ----------------------------------------------------------------------------------------
 
 
-def train_args(data: Path, tmp: Path, dry_run: bool = True, save_dir: Path | None = None) -> tuple[list[object], Path]:
+def train_args(data: Path, tmp: Path, dry_run: bool = True,
+               save_dir: Path | None = None) -> tuple[list[object], Path]:
     save_dir = save_dir or tmp / "checkpoints"
-    return ["train", data, "--save-dir", save_dir, *TINY, "--max-update", 3, *(["--dry-run"] if dry_run else [])], save_dir
+    return ["train", data, "--save-dir", save_dir, *TINY, "--max-update", 3,
+            *(["--dry-run"] if dry_run else [])], save_dir
 
 
 def save_dir_holding(model: str) -> Build:
@@ -353,13 +371,16 @@ def train_on_huge_line(w: World, tmp: Path) -> tuple[list[object], Path]:
 
 
 for damage in ("no_manifest", "manifest_not_json", "manifest_of_another_stage", "manifest_bad_layout",
-               "manifest_escaping_language", "manifest_without_languages", "output_truncated", "bin_truncated",
-               "idx_points_past_bin", "idx_bad_header", "idx_offsets_out_of_order", "ids_beyond_dictionary",
-               "dict_duplicate_symbol", "bin_is_a_folder", "spm_garbage", "spm_garbage_unsealed"):
+               "manifest_escaping_language", "manifest_without_languages", "output_truncated",
+               "bin_truncated", "idx_points_past_bin", "idx_bad_header", "idx_offsets_out_of_order",
+               "ids_beyond_dictionary", "dict_duplicate_symbol", "bin_is_a_folder", "spm_garbage",
+               "spm_garbage_unsealed"):
     refused("train", damage, damaged(lambda w: w.bin, damage, train_args), FOLDER_MESSAGES[damage])
 refused("train", "input_of_another_stage", lambda w, tmp: train_args(w.bpe, tmp), "written by `nmt bpe`")
-refused("train", "save_dir_is_a_file", lambda w, tmp: train_args(w.bin, tmp, False, a_file(tmp)), "a_file", "File exists")
-for model in ("garbage", "truncated", "pickle_with_code", "foreign_torch_file", "nmt_without_weights", "a_folder"):
+refused("train", "save_dir_is_a_file", lambda w, tmp: train_args(w.bin, tmp, False, a_file(tmp)),
+        "a_file", "File exists")
+for model in ("garbage", "truncated", "pickle_with_code", "foreign_torch_file", "nmt_without_weights",
+              "a_folder"):
     refused("train", f"save_dir_with_{model}", save_dir_holding(model), "none can be resumed from")
 works("train", "huge_line", train_on_huge_line, lambda w, out, printed: (
     "(1 skipped as too long)" in printed or pytest.fail(printed)))
@@ -373,15 +394,19 @@ MODEL_MESSAGES = {
     "truncated": "not the zip archive", "garbage": "not the zip archive", "empty": "not the zip archive",
     "raw_pickle": "not the zip archive", "pickle_with_code": "could run code",
     "foreign_torch_file": "no 'nmt/1' format marker", "nmt_without_weights": "its model is missing",
-    "nmt_weights_not_tensors": "its model is missing", "nmt_config_wrong_type": "'d_model' must be a whole number",
-    "nmt_config_negative": "'d_model' must be at least 2", "nmt_dictionary_without_specials": "special symbols",
-    "nmt_garbage_spm": "sentencepiece model", "nmt_meta_not_a_mapping": "its meta is missing", "a_folder": "folder",
+    "nmt_weights_not_tensors": "its model is missing",
+    "nmt_config_wrong_type": "'d_model' must be a whole number",
+    "nmt_config_negative": "'d_model' must be at least 2",
+    "nmt_dictionary_without_specials": "special symbols", "nmt_garbage_spm": "sentencepiece model",
+    "nmt_meta_not_a_mapping": "its meta is missing", "a_folder": "folder",
 }
 
 
-def average_args(w: World, tmp: Path, *checkpoints: object, out: Path | None = None) -> tuple[list[object], Path]:
+def average_args(w: World, tmp: Path, *checkpoints: object,
+                 out: Path | None = None) -> tuple[list[object], Path]:
     out = out or tmp / "model.pt"
-    return ["average", *(checkpoints or (w.checkpoints,)), "--out", out, *([] if checkpoints else ["--last", 2])], out
+    return ["average", *(checkpoints or (w.checkpoints,)), "--out", out,
+            *([] if checkpoints else ["--last", 2])], out
 
 
 for model, message in MODEL_MESSAGES.items():
@@ -392,8 +417,10 @@ for model, message in MODEL_MESSAGES.items():
     refused("average", model, lambda w, tmp, model=model: average_args(
         w, tmp, w.checkpoints / "checkpoint_2.pt", w.models[model]), message)
 refused("average", "out_is_a_folder", lambda w, tmp: average_args(w, tmp, out=tmp), "is a folder")
-refused("average", "out_below_a_file", lambda w, tmp: average_args(w, tmp, out=a_file(tmp) / "m.pt"), "is a file")
-refused("average", "folder_without_checkpoints", lambda w, tmp: average_args(w, tmp, tmp), "no checkpoint_<update>.pt")
+refused("average", "out_below_a_file", lambda w, tmp: average_args(w, tmp, out=a_file(tmp) / "m.pt"),
+        "is a file")
+refused("average", "folder_without_checkpoints", lambda w, tmp: average_args(w, tmp, tmp),
+        "no checkpoint_<update>.pt")
 refused("average", "missing_file", lambda w, tmp: average_args(w, tmp, tmp / "nothing.pt"), "does not exist")
 yaml_cases("average", "last", "out", lambda w, tmp: average_args(w, tmp))
 
@@ -401,7 +428,8 @@ yaml_cases("average", "last", "out", lambda w, tmp: average_args(w, tmp))
 # -- translate ------------------------------------------------------------------------------------
 
 
-def translate_args(model: Path, source: Path, tmp: Path, out: Path | None = None) -> tuple[list[object], Path]:
+def translate_args(model: Path, source: Path, tmp: Path,
+                   out: Path | None = None) -> tuple[list[object], Path]:
     out = out or tmp / "out.txt"
     return ["translate", model, "-i", source, "-o", out, "--beam", 2, "--set", "threads=1"], out
 
@@ -409,7 +437,8 @@ def translate_args(model: Path, source: Path, tmp: Path, out: Path | None = None
 def one_line_per_line(fault: str) -> Check:
     def check(w: World, out: Path | None, printed: str) -> None:
         data = out.read_bytes()
-        assert data.count(b"\n") == lines_of(w.texts[fault].read_bytes()) and (not data or data.endswith(b"\n"))
+        assert (data.count(b"\n") == lines_of(w.texts[fault].read_bytes())
+                and (not data or data.endswith(b"\n")))
         if fault == "invalid_utf8":
             assert "line 2: invalid UTF-8" in printed and "line 3: invalid UTF-8" in printed
         if fault == "huge_line":
@@ -419,13 +448,15 @@ def one_line_per_line(fault: str) -> Check:
 
 for model, message in MODEL_MESSAGES.items():
     refused("translate", model, lambda w, tmp, model=model: translate_args(
-        w.models[model], w.texts["crlf"], tmp), "does not exist or is not a file" if model == "a_folder" else message)
+        w.models[model], w.texts["crlf"], tmp),
+        "does not exist or is not a file" if model == "a_folder" else message)
 for fault in ("empty", "huge_line", "invalid_utf8", "nul", "crlf", "lone_cr", "blank_lines", "long_line",
               "no_final_newline"):
     works("translate", fault, lambda w, tmp, fault=fault: translate_args(w.model, w.texts[fault], tmp),
           one_line_per_line(fault))
 refused("translate", "input_is_a_folder", lambda w, tmp: translate_args(w.model, tmp, tmp), "is a folder")
-refused("translate", "input_missing", lambda w, tmp: translate_args(w.model, tmp / "nothing", tmp), "does not exist")
+refused("translate", "input_missing", lambda w, tmp: translate_args(w.model, tmp / "nothing", tmp),
+        "does not exist")
 refused("translate", "output_is_a_folder", lambda w, tmp: translate_args(w.model, w.texts["crlf"], tmp, tmp),
         "--output", "is a folder")
 yaml_cases("translate", "beam", "model", lambda w, tmp: translate_args(w.model, w.texts["crlf"], tmp))
@@ -434,7 +465,8 @@ yaml_cases("translate", "beam", "model", lambda w, tmp: translate_args(w.model, 
 # -- score ----------------------------------------------------------------------------------------
 
 
-def score_args(hyp: Path, ref: Path, tmp: Path, *extra: object, out: Path | None = None) -> tuple[list[object], Path]:
+def score_args(hyp: Path, ref: Path, tmp: Path, *extra: object,
+               out: Path | None = None) -> tuple[list[object], Path]:
     out = out or tmp / "scores.json"
     return ["score", "--hyp", hyp, "--ref", ref, "--json", out, *extra], out
 
@@ -459,11 +491,14 @@ refused("score", "empty", against_plain_reference("empty"), "nothing to score")
 refused("score", "invalid_utf8", against_plain_reference("invalid_utf8"), "line 2: invalid UTF-8")
 refused("score", "mismatched_lines", lambda w, tmp: score_args(w.texts["crlf"], w.texts["blank_lines"], tmp),
         "crlf.txt has 3 lines but the reference", "has 5")
-refused("score", "hyp_is_a_folder", lambda w, tmp: score_args(tmp, w.texts["crlf"], tmp), "is a folder, not a file")
-refused("score", "hyp_missing", lambda w, tmp: score_args(tmp / "nothing", w.texts["crlf"], tmp), "does not exist")
-refused("score", "json_is_a_folder", lambda w, tmp: score_args(w.texts["crlf"], w.texts["crlf"], tmp, out=tmp),
-        "--json", "is a folder")
-refused("score", "langpair_a_path", against_plain_reference("crlf", "--langpair", "../../en-de"), "--langpair")
+refused("score", "hyp_is_a_folder", lambda w, tmp: score_args(tmp, w.texts["crlf"], tmp),
+        "is a folder, not a file")
+refused("score", "hyp_missing", lambda w, tmp: score_args(tmp / "nothing", w.texts["crlf"], tmp),
+        "does not exist")
+refused("score", "json_is_a_folder",
+        lambda w, tmp: score_args(w.texts["crlf"], w.texts["crlf"], tmp, out=tmp), "--json", "is a folder")
+refused("score", "langpair_a_path", against_plain_reference("crlf", "--langpair", "../../en-de"),
+        "--langpair")
 for fault in ("nul", "crlf", "lone_cr", "blank_lines", "long_line", "no_final_newline"):
     works("score", fault, against_plain_reference(fault), scored(fault))
 yaml_cases("score", None, "hyp", lambda w, tmp: score_args(w.texts["crlf"], w.texts["crlf"], tmp))
@@ -505,7 +540,8 @@ def verify(case: Case, w: World, out: Path | None, before: dict[str, str], code:
     for needle in case.needles:
         assert needle in errors[0], f"{case.id}: {needle!r} not in {errors[0]!r}"
     stage_folder = case.command in ("prepare", "bpe", "binarize") and out is not None and out.is_dir()
-    if stage_folder and (out / "manifest.json").exists() or not stage_folder and out is not None and out.exists():
+    if (stage_folder and (out / "manifest.json").exists()
+            or not stage_folder and out is not None and out.exists()):
         assert snapshot(out) == before, f"{case.id}: the earlier output at {out} was changed by a failed run"
     assert not w.marker.exists(), "a hostile pickle ran code"
 
@@ -519,9 +555,10 @@ def test_hostile_input(case: Case, world: World, tmp_path: Path) -> None:
     verify(case, world, out, before, code, output)
 
 
-REAL_CLI = ["prepare/invalid_utf8", "prepare/out_below_a_file", "bpe/manifest_not_json", "binarize/spm_garbage",
-            "train/save_dir_with_pickle_with_code", "train/idx_points_past_bin", "average/truncated",
-            "translate/lone_cr", "translate/garbage", "score/empty", "score/config_a_list"]
+REAL_CLI = ["prepare/invalid_utf8", "prepare/out_below_a_file", "bpe/manifest_not_json",
+            "binarize/spm_garbage", "train/save_dir_with_pickle_with_code", "train/idx_points_past_bin",
+            "average/truncated", "translate/lone_cr", "translate/garbage", "score/empty",
+            "score/config_a_list"]
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.id in REAL_CLI], ids=lambda c: c.id)

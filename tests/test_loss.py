@@ -44,12 +44,14 @@ def test_padding_is_ignored_and_eps_zero_is_cross_entropy() -> None:
     logits, target = torch.randn(4, 6, V, generator=g), torch.randint(4, V, (4, 6), generator=g)
     target[1, 2:] = PAD
     loss, nll = label_smoothed_nll(logits, target, 0.0)
-    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, V), target.reshape(-1), ignore_index=PAD, reduction="sum")
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, V), target.reshape(-1), ignore_index=PAD,
+                                           reduction="sum")
     torch.testing.assert_close(loss, ce)
     torch.testing.assert_close(nll, ce)
     changed = logits.clone()
     changed[target == PAD] = 1e4  # whatever the model says at padding does not count
-    torch.testing.assert_close(label_smoothed_nll(changed, target, 0.1)[0], label_smoothed_nll(logits, target, 0.1)[0])
+    torch.testing.assert_close(label_smoothed_nll(changed, target, 0.1)[0],
+                               label_smoothed_nll(logits, target, 0.1)[0])
 
 
 def _batch(rows: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
@@ -68,7 +70,8 @@ def test_micro_batches_normalised_by_the_update_equal_one_big_batch() -> None:
     rows = [(torch.randint(4, V, (n,), generator=g).tolist(), torch.randint(4, V, (m,), generator=g).tolist())
             for n, m in [(3, 5), (7, 2), (4, 4), (1, 6), (6, 3)]]
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, d_ff=32, heads=2, dropout=0.0), V)
+    model = Transformer(ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, d_ff=32, heads=2,
+                                    dropout=0.0), V)
     tokens = sum(len(t) + 1 for _, t in rows)
 
     loss, _ = micro_batch_loss(model, _batch(rows), 0.1)

@@ -53,7 +53,8 @@ def test_decoder_is_causal() -> None:
         changed[:, t] = (changed[:, t] + 1 - 4) % (VOCAB - 4) + 4
         again = model(src, changed)
         torch.testing.assert_close(again[:, :t], logits[:, :t], atol=ATOL, rtol=0)
-        assert not torch.allclose(again[:, t:], logits[:, t:]), "a later token must matter to its own position"
+        assert not torch.allclose(again[:, t:], logits[:, t:]), \
+            "a later token must matter to its own position"
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
@@ -92,13 +93,15 @@ def test_pre_norm_trains() -> None:
     """Pre-norm has its own final LayerNorms and learns: a few steps on one batch lower its loss."""
     torch.manual_seed(0)
     model = Transformer(dataclasses.replace(SMALL, norm="pre", dropout=0.0), VOCAB)
-    assert isinstance(model.encoder_norm, torch.nn.LayerNorm) and isinstance(model.decoder_norm, torch.nn.LayerNorm)
+    assert (isinstance(model.encoder_norm, torch.nn.LayerNorm)
+            and isinstance(model.decoder_norm, torch.nn.LayerNorm))
     src, prev = _tokens([6, 5], seed=9), _tokens([6, 5], seed=10, first=BOS)
     target = torch.roll(prev, -1, dims=1)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     losses = []
     for _ in range(20):
-        loss = torch.nn.functional.cross_entropy(model(src, prev).flatten(0, 1), target.flatten(), ignore_index=PAD)
+        loss = torch.nn.functional.cross_entropy(model(src, prev).flatten(0, 1), target.flatten(),
+                                                 ignore_index=PAD)
         losses.append(loss.item())
         loss.backward()
         optimizer.step()
@@ -113,8 +116,10 @@ def test_tied_embeddings_and_scaled_sinusoids() -> None:
     hidden = torch.randn(3, 32)
     torch.testing.assert_close(model.logits(hidden), hidden @ model.embed.weight.T)
     pos, i = 3, 2  # PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(...)
-    assert model.positions[pos, 2 * i].item() == pytest.approx(torch.sin(torch.tensor(pos / 10000 ** (2 * i / 32))).item())
-    assert model.positions[pos, 2 * i + 1].item() == pytest.approx(torch.cos(torch.tensor(pos / 10000 ** (2 * i / 32))).item())
+    assert model.positions[pos, 2 * i].item() == pytest.approx(
+        torch.sin(torch.tensor(pos / 10000 ** (2 * i / 32))).item())
+    assert model.positions[pos, 2 * i + 1].item() == pytest.approx(
+        torch.cos(torch.tensor(pos / 10000 ** (2 * i / 32))).item())
 
 
 @pytest.mark.parametrize("module", ["model/transformer", "data/dataset", "training/loss", "training/optim",
@@ -156,6 +161,7 @@ def test_cpu_attention_equals_torch_sdpa(causal: bool) -> None:
 
     g = torch.Generator().manual_seed(11)
     q, k, v = (torch.randn(3, 2, 5, 8, generator=g) for _ in range(3))
-    mask = None if causal else torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.bool)[:, None, None]
+    mask = None if causal else torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]],
+                                            dtype=torch.bool)[:, None, None]
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
     torch.testing.assert_close(attention(q, k, v, mask, causal, 0.0), want, atol=1e-6, rtol=1e-5)

@@ -19,9 +19,9 @@ pytestmark = pytest.mark.slow
 
 # A tiny Transformer for a few minutes of CPU: 4000 target tokens per update, the paper's schedule
 # with a warm-up scaled to the run.
-TRAIN = ["--arch", "transformer_tiny", "--max-update", "700", "--tokens-per-update", "4000", "--max-tokens", "4000",
-         "--save-interval-minutes", "0", "--save-interval-updates", "100", "--keep-last", "3",
-         "--set", "optim.warmup_updates=400", "--set", "valid.interval_updates=100",
+TRAIN = ["--arch", "transformer_tiny", "--max-update", "700", "--tokens-per-update", "4000",
+         "--max-tokens", "4000", "--save-interval-minutes", "0", "--save-interval-updates", "100",
+         "--keep-last", "3", "--set", "optim.warmup_updates=400", "--set", "valid.interval_updates=100",
          "--set", "log.interval=50", "--valid-bleu", "--set", "valid.bleu_sentences=200", "--device", "cpu"]
 
 

@@ -26,12 +26,16 @@ README = REPO / "README.md"
 # README commands that need GPUs, several machines or the WMT14 downloads, and the test that runs
 # their equivalent on the CPU.
 EXERCISED_ELSEWHERE = {
-    "bash recipes/wmt14_en_de/run.sh --model big --gpus 8": "test_recipes.py::test_en_de_recipe_runs_every_stage",
-    "bash recipes/wmt14_en_fr/run.sh --model big --gpus 8": "test_recipes.py::test_en_fr_recipe_runs_every_stage",
-    "nmt train runs/wmt/bin --config recipes/wmt14_en_de/transformer_big.yaml --save-dir /shared/big --gpus 8 "
-    "--nnodes 2 --node-rank 0 --rdzv-endpoint node0:29500": "test_recipes.py::test_two_machines_train_together",
-    "nmt train runs/wmt/bin --config recipes/wmt14_en_de/transformer_big.yaml --save-dir /shared/big --gpus 8 "
-    "--nnodes 2 --node-rank 1 --rdzv-endpoint node0:29500": "test_recipes.py::test_two_machines_train_together",
+    "bash recipes/wmt14_en_de/run.sh "
+    "--model big --gpus 8": "test_recipes.py::test_en_de_recipe_runs_every_stage",
+    "bash recipes/wmt14_en_fr/run.sh "
+    "--model big --gpus 8": "test_recipes.py::test_en_fr_recipe_runs_every_stage",
+    "nmt train runs/wmt/bin --config recipes/wmt14_en_de/transformer_big.yaml --save-dir /shared/big "
+    "--gpus 8 --nnodes 2 --node-rank 0 "
+    "--rdzv-endpoint node0:29500": "test_recipes.py::test_two_machines_train_together",
+    "nmt train runs/wmt/bin --config recipes/wmt14_en_de/transformer_big.yaml --save-dir /shared/big "
+    "--gpus 8 --nnodes 2 --node-rank 1 "
+    "--rdzv-endpoint node0:29500": "test_recipes.py::test_two_machines_train_together",
     ".venv/bin/python -m pytest": "the test suite itself, as .ci/run runs it",
 }
 
@@ -44,15 +48,16 @@ def readme_commands() -> list[str]:
 
 def quickstart_commands() -> list[str]:
     script = (REPO / "recipes" / "quickstart.sh").read_text(encoding="utf-8")
-    return [re.sub(r'"\$WORK([^"]*)"', r"runs/quickstart\1", line) for line in script.splitlines() if line.startswith("nmt ")]
+    return [re.sub(r'"\$WORK([^"]*)"', r"runs/quickstart\1", line) for line in script.splitlines()
+            if line.startswith("nmt ")]
 
 
 @pytest.fixture(scope="module")
 def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`bash recipes/quickstart.sh` as a newcomer runs it (its output folder moved to a temp dir)."""
     work = tmp_path_factory.mktemp("quickstart") / "runs" / "quickstart"
-    proc = subprocess.run(["bash", "recipes/quickstart.sh", str(work)], cwd=REPO, capture_output=True, text=True,
-                          timeout=1800, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.run(["bash", "recipes/quickstart.sh", str(work)], cwd=REPO, capture_output=True,
+                          text=True, timeout=1800, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, f"quickstart failed:\n{proc.stdout}\n{proc.stderr}"
     (work / "stdout.txt").write_text(proc.stdout)
     return work
@@ -90,8 +95,10 @@ def _in_quickstart(command: str, quickstart: Path) -> list[str]:
 
 
 RUN_HERE = [c for c in (
-    "nmt translate runs/quickstart/model.pt --input runs/quickstart/raw/valid.en --output runs/quickstart/valid.hyp.ty",
-    "nmt translate runs/quickstart/model.pt < runs/quickstart/raw/valid.en > runs/quickstart/valid.greedy.ty --beam 1",
+    "nmt translate runs/quickstart/model.pt --input runs/quickstart/raw/valid.en "
+    "--output runs/quickstart/valid.hyp.ty",
+    "nmt translate runs/quickstart/model.pt < runs/quickstart/raw/valid.en "
+    "> runs/quickstart/valid.greedy.ty --beam 1",
     "nmt train runs/quickstart/bin --arch transformer_big --save-dir runs/big --gpus 8 --dry-run",
     "nmt plot runs/quickstart/checkpoints --out runs/quickstart/curves.png",
     'nmt attention runs/quickstart/model.pt --source "every dark road brought the cities." --kind cross '
@@ -106,7 +113,8 @@ def test_readme_commands_run(quickstart: Path, shared_data: Path, tmp_path: Path
     nmt(*_in_quickstart(RUN_HERE[0], quickstart)[1:])
     args = _in_quickstart(RUN_HERE[1], quickstart)
     with open(args[4]) as stdin, open(args[6], "w") as stdout:  # nmt translate MODEL < IN > OUT --beam 1
-        subprocess.run([sys.executable, "-m", "nmt_cli", *args[1:3], *args[7:]], stdin=stdin, stdout=stdout, check=True)
+        subprocess.run([sys.executable, "-m", "nmt_cli", *args[1:3], *args[7:]],
+                       stdin=stdin, stdout=stdout, check=True)
     beam, greedy = (quickstart / "valid.hyp.ty").read_text(), (quickstart / "valid.greedy.ty").read_text()
     assert beam.count("\n") == greedy.count("\n") == 500
     plan = nmt(*_in_quickstart(RUN_HERE[2], quickstart)[1:], cwd=tmp_path).stdout
@@ -115,9 +123,11 @@ def test_readme_commands_run(quickstart: Path, shared_data: Path, tmp_path: Path
     data.mkdir()
     for split, name in (("train", "train"), ("valid", "valid"), ("test", "test_2016_flickr")):
         for lang in ("en", "de"):
-            (data / f"{split}.{lang}").write_bytes((shared_data / "multi30k" / "en-de" / f"{name}.{lang}").read_bytes())
+            (data / f"{split}.{lang}").write_bytes(
+                (shared_data / "multi30k" / "en-de" / f"{name}.{lang}").read_bytes())
     for command, picture in zip(RUN_HERE[3:5], ("curves.png", "cross.png"), strict=True):
         nmt(*_in_quickstart(command, quickstart)[1:])
         assert (quickstart / picture).read_bytes().startswith(b"\x89PNG")
     nmt(*shlex.split(RUN_HERE[5])[1:], cwd=tmp_path)
-    assert json.loads((tmp_path / "runs/mine/raw/manifest.json").read_text())["splits"]["test"]["lines"] == 1000
+    assert json.loads(
+        (tmp_path / "runs/mine/raw/manifest.json").read_text())["splits"]["test"]["lines"] == 1000

@@ -22,7 +22,8 @@ from fake_statmt import FakeStatmt, checksums_file, wmt14_archives
 from nmt_cli.model import file as model_file
 
 pytestmark = pytest.mark.slow
-ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}
+ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+       "PYTHONUNBUFFERED": "1"}
 
 
 def run_recipe(pair: str, work: Path, *args: object) -> subprocess.CompletedProcess:
@@ -50,7 +51,8 @@ def en_de(archives: dict[str, dict], tmp_path_factory: pytest.TempPathFactory) -
 
 
 def _check_every_stage(work: Path, output: str, src: str, tgt: str) -> None:
-    for number, stage in enumerate(("prepare", "bpe", "binarize", "train", "average", "translate", "score"), 1):
+    for number, stage in enumerate(("prepare", "bpe", "binarize", "train", "average", "translate",
+                                    "score"), 1):
         assert f"== stage {number}: {stage}" in output
     for folder, stage in (("raw", "prepare"), ("bpe", "bpe"), ("bin", "binarize")):
         assert json.loads((work / folder / "manifest.json").read_text())["stage"] == stage
@@ -108,9 +110,9 @@ def test_two_machines_train_together(en_de: tuple[Path, str], tmp_path: Path) ->
     work, _ = en_de
     save, port = tmp_path / "run", _free_port()
     common = ["train", work / "bin", "--save-dir", save, "--arch", "transformer_tiny", "--max-update", 4,
-              "--tokens-per-update", 2000, "--max-tokens", 1000, "--save-interval-updates", 2, "--precision", "fp32",
-              "--device", "cpu", "--nnodes", 2, "--nproc", 1, "--rdzv-endpoint", f"127.0.0.1:{port}",
-              "--set", "log.interval=1"]
+              "--tokens-per-update", 2000, "--max-tokens", 1000, "--save-interval-updates", 2,
+              "--precision", "fp32", "--device", "cpu", "--nnodes", 2, "--nproc", 1,
+              "--rdzv-endpoint", f"127.0.0.1:{port}", "--set", "log.interval=1"]
     nodes = [subprocess.Popen([sys.executable, "-m", "nmt_cli", *map(str, common), "--node-rank", str(rank)],
                               env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for rank in (0, 1)]

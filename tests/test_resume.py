@@ -71,7 +71,8 @@ def _assert_same_training(a: Path, b: Path) -> None:
         assert torch.equal(state["exp_avg"], moments_b[key]["exp_avg"])
         assert torch.equal(state["exp_avg_sq"], moments_b[key]["exp_avg_sq"])
     assert model_file.load(a / BEST)["meta"]["update"] == model_file.load(b / BEST)["meta"]["update"]
-    assert [p.name for _, p in checkpoint.numbered_checkpoints(a)] == [p.name for _, p in checkpoint.numbered_checkpoints(b)]
+    assert ([p.name for _, p in checkpoint.numbered_checkpoints(a)]
+            == [p.name for _, p in checkpoint.numbered_checkpoints(b)])
 
 
 def _kill_when(proc: subprocess.Popen, save_dir: Path, event: str, delay_seconds: float) -> bool:
@@ -165,7 +166,8 @@ def test_a_dead_worker_restarts_the_group_from_the_last_checkpoint(train_data: P
     nmt("train", train_data, "--save-dir", reference, *args)
     command = [sys.executable, "-m", "nmt_cli", "train", str(train_data), "--save-dir", str(run), *args,
                "--max-restarts", "1"]
-    env = {**os.environ, "NMT_TEST_PID_DIR": str(pids), "NMT_TEST_SAVE_PAUSE_SECONDS": "0.3", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "NMT_TEST_PID_DIR": str(pids), "NMT_TEST_SAVE_PAUSE_SECONDS": "0.3",
+           "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120

@@ -29,7 +29,8 @@ from nmt_cli.inference.search import (
 from nmt_cli.model import file as model_file
 from nmt_cli.model.transformer import Transformer
 
-TINY = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0, max_positions=64)
+TINY = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.0,
+                   max_positions=64)
 
 
 def random_model(vocab: int, seed: int, sharpness: float = 8.0) -> Transformer:
@@ -75,7 +76,8 @@ def test_live_slots_are_numbered_in_order() -> None:
 
 @pytest.mark.parametrize(("live", "order"), [
     ([[True] * 3] * 2, [2, 0, 0, 4, 5, 3]),  # rows b * 3 ... b * 3 + 2 are sentence b's
-    ([[True, True, False], [True, False, False], [True, True, True]], [1, 0, 2, 5, 3, 3]),  # empty slots: `Beams`
+    ([[True, True, False], [True, False, False], [True, True, True]],
+     [1, 0, 2, 5, 3, 3]),  # empty slots: `Beams`
 ])
 def test_decode_step_equals_full_forward(live: list[list[bool]], order: list[int]) -> None:
     """Rows grouped by sentence, reordered between steps (each row from a row of its own sentence),
@@ -120,7 +122,8 @@ def test_best_tokens_in_two_stages_when_compiled_equal_topk() -> None:
         torch.testing.assert_close(found.log_probs, expected.log_probs)
         torch.testing.assert_close(found.eos, expected.eos)
     top4 = compiled(logits, 4).tokens
-    assert not torch.isin(top4, torch.tensor([PAD, BOS])).any() and top4[2].tolist() == [5003, 5002, 5001, 5000]
+    assert (not torch.isin(top4, torch.tensor([PAD, BOS])).any()
+            and top4[2].tolist() == [5003, 5002, 5001, 5000])
 
 
 def test_compiled_search_equals_reference(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -159,13 +162,15 @@ def test_batches_hold_every_sentence_once_longest_first_within_the_budget(worker
     assert all(len(b) * sizes[b].max() <= 12000 for b in batches)
     padded = [len(b) * int(sizes[b].max()) for b in batches]
     if workers == 1:
-        assert all(p > 12000 - sizes[b].max() for p, b in zip(padded[:-1], batches[:-1], strict=True))  # full batches
+        assert all(p > 12000 - sizes[b].max()
+                   for p, b in zip(padded[:-1], batches[:-1], strict=True))  # full batches
     else:  # guided: shrinking towards the end, but never below the smallest shared batch (the last aside)
         assert padded[-2] < padded[0] / 2
         assert all(p + 120 > SMALLEST_SHARED_BATCH for p in padded[:-1])
 
 
-@pytest.mark.parametrize("beam,nbest,alpha", [(1, 1, 0.6), (4, 1, 0.6), (4, 4, 1.0), (5, 2, 0.0), (3, 1, -0.5)])
+@pytest.mark.parametrize("beam,nbest,alpha", [(1, 1, 0.6), (4, 1, 0.6), (4, 4, 1.0), (5, 2, 0.0),
+                                              (3, 1, -0.5)])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_batched_search_equals_reference(beam: int, nbest: int, alpha: float, seed: int) -> None:
     model = random_model(24, seed)
@@ -217,7 +222,8 @@ def test_beam_one_is_greedy(seed: int) -> None:
         assert hyps[0].tokens == greedy(model, source, len(source) - 1 + 4)
 
 
-def exhaustive_ranking(model: Transformer, source: list[int], max_len: int, alpha: float) -> list[tuple[float, list[int]]]:
+def exhaustive_ranking(model: Transformer, source: list[int], max_len: int,
+                       alpha: float) -> list[tuple[float, list[int]]]:
     """Every output of up to `max_len` tokens (then EOS) with its length-normalised score, best first."""
     allowed = [t for t in range(model.vocab_size) if t not in (PAD, BOS, EOS)]
     ranked = []
@@ -240,7 +246,8 @@ def test_wide_beam_finds_the_exhaustive_optimum(alpha: float, seed: int) -> None
     model = random_model(6, seed, sharpness=3.0)
     source = [4, 5, 4, EOS]
     ranking = exhaustive_ranking(model, source, max_len=3, alpha=alpha)
-    found = beam_search(model, padded([source]), beam=40, nbest=5, lenpen=alpha, max_len_a=0.0, max_len_b=3)[0]
+    found = beam_search(model, padded([source]), beam=40, nbest=5, lenpen=alpha, max_len_a=0.0,
+                        max_len_b=3)[0]
     assert [h.tokens for h in found] == [tokens for _, tokens in ranking[:5]]
     assert [h.score for h in found] == pytest.approx([score for score, _ in ranking[:5]], abs=1e-5)
 

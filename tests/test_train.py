@@ -36,8 +36,9 @@ def data_dir(train_data: Path) -> Path:
 
 def test_dry_run_prints_the_plan_without_training(data_dir: Path, tmp_path: Path) -> None:
     out = nmt("train", data_dir, "--save-dir", tmp_path / "run", *SMALL, "--dry-run").stdout
-    for needle in ("parameters:", "devices: 1", "max_tokens per device: 256", "accumulation:", "tokens per update:",
-                   "peak learning rate:", "checkpoints:", "plan: stop at the first of 100,000 updates"):
+    for needle in ("parameters:", "devices: 1", "max_tokens per device: 256", "accumulation:",
+                   "tokens per update:", "peak learning rate:", "checkpoints:",
+                   "plan: stop at the first of 100,000 updates"):
         assert needle in out, out
     assert not (tmp_path / "run").exists()
     big = nmt("train", data_dir, "--save-dir", tmp_path / "run", "--arch", "transformer_big", "--gpus", "8",
@@ -48,8 +49,8 @@ def test_dry_run_prints_the_plan_without_training(data_dir: Path, tmp_path: Path
 
 def test_training_writes_checkpoints_log_and_config(data_dir: Path, tmp_path: Path) -> None:
     save = tmp_path / "run"
-    proc = nmt("train", data_dir, "--save-dir", save, *SMALL, "--max-update", "6", "--save-interval-updates", "2",
-               "--keep-last", "2")
+    proc = nmt("train", data_dir, "--save-dir", save, *SMALL, "--max-update", "6",
+               "--save-interval-updates", "2", "--keep-last", "2")
     assert "skipped 2 of 152 training examples longer than 256 tokens" in proc.stderr
     names = sorted(p.name for p in save.glob("checkpoint*.pt"))
     assert names == ["checkpoint_4.pt", "checkpoint_6.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
@@ -59,7 +60,8 @@ def test_training_writes_checkpoints_log_and_config(data_dir: Path, tmp_path: Pa
         assert key in state
     for key in ("optimizer", "scaler", "rng", "epoch", "epoch_batches_done", "config", "best_valid_loss"):
         assert key in state["train"]
-    assert state["model_config"]["d_model"] == 32 and state["spm_model"] == (data_dir / "spm.model").read_bytes()
+    assert (state["model_config"]["d_model"] == 32
+            and state["spm_model"] == (data_dir / "spm.model").read_bytes())
     train, valid = _records(save), _records(save, "valid")
     assert [r["update"] for r in train] == [1, 2, 3, 4, 5, 6]
     for field in ("update", "epoch", "loss", "nll", "ppl", "lr", "gnorm", "src_tokens", "tgt_tokens",
@@ -71,7 +73,8 @@ def test_training_writes_checkpoints_log_and_config(data_dir: Path, tmp_path: Pa
 
 
 def test_resume_continues_exactly(data_dir: Path, tmp_path: Path) -> None:
-    """8 updates straight vs 4, stop, the same command to 8: identical losses and weights (fp32, dropout on)."""
+    """8 updates straight vs 4, stop, the same command to 8: identical losses and weights (fp32,
+    dropout on)."""
     args = [*SMALL, "--save-interval-updates", "3"]  # a checkpoint mid-run too, and an epoch ends inside
     nmt("train", data_dir, "--save-dir", tmp_path / "straight", *args, "--max-update", "8")
     nmt("train", data_dir, "--save-dir", tmp_path / "resumed", *args, "--max-update", "4")
@@ -81,7 +84,8 @@ def test_resume_continues_exactly(data_dir: Path, tmp_path: Path) -> None:
     assert [r["update"] for r in resumed] == list(range(1, 9))
     assert len({r["epoch"] for r in straight}) > 1, "the run should cross an epoch boundary"
     for a, b in zip(straight, resumed, strict=True):
-        assert (a["loss"], a["nll"], a["gnorm"], a["lr"], a["tgt_tokens"]) == (b["loss"], b["nll"], b["gnorm"], b["lr"], b["tgt_tokens"])
+        assert (a["loss"], a["nll"], a["gnorm"], a["lr"], a["tgt_tokens"]) == (
+            b["loss"], b["nll"], b["gnorm"], b["lr"], b["tgt_tokens"])
     a, b = (model_file.load(d / "checkpoint_last.pt") for d in (tmp_path / "straight", tmp_path / "resumed"))
     assert a["model_config"]["dropout"] > 0
     for name, tensor in a["model"].items():
@@ -92,7 +96,8 @@ def test_resume_continues_exactly(data_dir: Path, tmp_path: Path) -> None:
     assert_user_error(other, "d_ff: 64 vs 128", "another model")
 
 
-def test_a_resume_from_a_newer_numbered_checkpoint_brings_checkpoint_last_up_to_date(data_dir: Path, tmp_path: Path) -> None:
+def test_a_resume_from_a_newer_numbered_checkpoint_brings_checkpoint_last_up_to_date(data_dir: Path,
+                                                                                     tmp_path: Path) -> None:
     """A crash between checkpoint_6.pt and its copy checkpoint_last.pt (here: last holds update 3)
     and a rerun that has nothing left to train: checkpoint_last.pt still ends at update 6."""
     save = tmp_path / "run"
@@ -115,7 +120,8 @@ def test_a_training_state_of_another_layout_is_refused_by_name(data_dir: Path, t
         path.unlink()
         model_file.save(path, state)
     proc = nmt("train", data_dir, "--save-dir", save, *SMALL, "--max-update", "4", check=False)
-    assert_user_error(proc, "checkpoint_last.pt has a training state this nmt cannot resume from", "optimizer")
+    assert_user_error(proc, "checkpoint_last.pt has a training state this nmt cannot resume from",
+                      "optimizer")
 
 
 def test_kill_during_a_checkpoint_write_leaves_the_previous_one(data_dir: Path, tmp_path: Path) -> None:
@@ -127,14 +133,16 @@ def test_kill_during_a_checkpoint_write_leaves_the_previous_one(data_dir: Path, 
     try:
         deadline = time.monotonic() + 120
         while not list(save.glob(".checkpoint_4.pt.*.tmp")):  # inside the second save, before its rename
-            assert proc.poll() is None and time.monotonic() < deadline, "training ended before its second save"
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                "training ended before its second save"
             time.sleep(0.02)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait()
     assert not (save / "checkpoint_4.pt").exists()
     assert model_file.load(save / "checkpoint_last.pt")["train"]["update"] == 2
-    again = nmt("train", data_dir, "--save-dir", save, *SMALL, "--save-interval-updates", "2", "--max-update", "6")
+    again = nmt("train", data_dir, "--save-dir", save, *SMALL, "--save-interval-updates", "2",
+                "--max-update", "6")
     assert "at update 2" in again.stderr and "interrupted" in again.stderr
     assert [r["update"] for r in _records(save)] == [1, 2, 3, 4, 5, 6]
     assert not list(save.glob(".*.tmp"))
@@ -142,7 +150,8 @@ def test_kill_during_a_checkpoint_write_leaves_the_previous_one(data_dir: Path, 
 
 def _flip_bytes(path: Path) -> None:
     data = bytearray(path.read_bytes())
-    data[len(data) // 2 : len(data) // 2 + 8] = bytes(b ^ 0xFF for b in data[len(data) // 2 : len(data) // 2 + 8])
+    data[len(data) // 2 : len(data) // 2 + 8] = bytes(b ^ 0xFF
+                                                      for b in data[len(data) // 2 : len(data) // 2 + 8])
     path.write_bytes(bytes(data))
 
 
@@ -168,20 +177,24 @@ def test_damaged_checkpoints_fall_back_to_the_newest_intact_one(data_dir: Path, 
     assert any("checkpoint_last.pt is" in w and "truncated" in w for w in warnings), third.stderr
     assert any("checkpoint_6.pt is corrupt" in w for w in warnings), third.stderr
     assert "checkpoint_4.pt at update 4" in third.stderr
-    assert [r["update"] for r in _records(save)] == list(range(1, 9))  # updates 5, 6 trained again, logged once
+    # updates 5, 6 trained again, logged once
+    assert [r["update"] for r in _records(save)] == list(range(1, 9))
 
     for path in save.glob("checkpoint*.pt"):
         path.write_bytes(b"garbage")
     refused = nmt("train", data_dir, "--save-dir", save, *args, "--max-update", "10", check=False)
-    assert_user_error(refused, "none can be resumed", "checkpoint_last.pt", "checkpoint_8.pt", "checkpoint_best.pt")
+    assert_user_error(refused, "none can be resumed", "checkpoint_last.pt", "checkpoint_8.pt",
+                      "checkpoint_best.pt")
 
 
-def test_two_gloo_workers_equal_one_worker_with_twice_the_accumulation(data_dir: Path, tmp_path: Path) -> None:
+def test_two_gloo_workers_equal_one_worker_with_twice_the_accumulation(data_dir: Path,
+                                                                       tmp_path: Path) -> None:
     """Same updates from the same examples: 2 ranks x 1 micro-batch vs 1 rank x 2 micro-batches.
     Gradients meet through gloo's all-reduce instead of local accumulation, so the weights are held
     to 1e-5 (absolute and relative); with two ranks they have come out bit-identical."""
     args = [*SMALL, "--set", "model.dropout=0", "--max-update", "0", "--max-epoch", "1",
-            "--set", "optim.lr_schedule=inverse_sqrt", "--set", "optim.lr=1e-3", "--set", "optim.warmup_updates=0"]
+            "--set", "optim.lr_schedule=inverse_sqrt", "--set", "optim.lr=1e-3",
+            "--set", "optim.warmup_updates=0"]
     logs = {name: tmp_path / f"ids-{name}" for name in ("two", "one")}
     for folder in logs.values():
         folder.mkdir()
@@ -201,7 +214,8 @@ def test_two_gloo_workers_equal_one_worker_with_twice_the_accumulation(data_dir:
 
     ranks = [_example_ids(logs["two"] / f"examples.rank{r}.txt") for r in (0, 1)]
     assert ranks[0] and ranks[1] and not ranks[0] & ranks[1]
-    assert ranks[0] | ranks[1] == _example_ids(logs["one"] / "examples.rank0.txt") == set(range(150))  # 2 too long
+    assert (ranks[0] | ranks[1] == _example_ids(logs["one"] / "examples.rank0.txt")
+            == set(range(150)))  # 2 too long
 
     mismatch = nmt("train", data_dir, "--save-dir", tmp_path / "two", *args, "--nproc", "2",
                    "--set", "model.d_ff=128", "--max-epoch", "2", check=False)
@@ -235,16 +249,19 @@ def test_validation_bleu_is_what_the_saved_model_translates(data_dir: Path, tmp_
     model, dictionary, sp_bytes = model_file.load_model(save / "checkpoint_6.pt")
     sp = spm.SentencePieceProcessor(model_proto=sp_bytes)
     src, tgt = IndexedDataset(data_dir / "valid.xx"), IndexedDataset(data_dir / "valid.yy")
-    found = translate_ids(model, [[*src[i].tolist(), EOS] for i in range(20)], TranslateConfig(model=None, beam=1))
+    found = translate_ids(model, [[*src[i].tolist(), EOS] for i in range(20)],
+                          TranslateConfig(model=None, beam=1))
     hyps = [sp.decode(dictionary.decode(h[0].tokens)) for h in found]
     refs = [sp.decode(dictionary.decode(tgt[i].tolist())) for i in range(20)]
-    assert valid[6]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=5.1e-5)  # logged to 4 places
+    assert valid[6]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score,
+                                             abs=5.1e-5)  # logged to 4 places
     best_update = model_file.load(save / "checkpoint_best.pt")["meta"]["update"]
     assert valid[best_update]["bleu"] == max(r["bleu"] for r in valid.values())
 
 
 def test_best_by_bleu_needs_validation_bleu(data_dir: Path, tmp_path: Path) -> None:
-    proc = nmt("train", data_dir, "--save-dir", tmp_path / "run", *SMALL, "--set", "checkpoint.best_metric=bleu", check=False)
+    proc = nmt("train", data_dir, "--save-dir", tmp_path / "run", *SMALL,
+               "--set", "checkpoint.best_metric=bleu", check=False)
     assert_user_error(proc, "--valid-bleu")
 
 

@@ -1,4 +1,5 @@
-"""TensorBoard logging of `nmt train`: the event files hold the numbers of train.jsonl, also after a resume."""
+"""TensorBoard logging of `nmt train`: the event files hold the numbers of train.jsonl, also after a
+resume."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import pytest
 from conftest import assert_user_error, nmt
 from synthetic_binarized import build
 
-TINY = ["--arch", "transformer_tiny", "--precision", "fp32", "--max-tokens", "256", "--save-interval-minutes", "0",
-        "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set", "model.heads=2", "--set", "threads=1",
-        "--set", "log.interval=1", "--save-interval-updates", "3", "--valid-bleu",
-        "--set", "valid.bleu_sentences=10"]
+TINY = ["--arch", "transformer_tiny", "--precision", "fp32", "--max-tokens", "256",
+        "--save-interval-minutes", "0", "--set", "model.d_model=32", "--set", "model.d_ff=64",
+        "--set", "model.heads=2", "--set", "threads=1", "--set", "log.interval=1",
+        "--save-interval-updates", "3", "--valid-bleu", "--set", "valid.bleu_sentences=10"]
 
 
 def _scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
@@ -79,5 +80,6 @@ def test_missing_tensorboard_is_named_before_training(tmp_path: Path) -> None:
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "blocked"), os.environ.get("PYTHONPATH", "")])}
     proc = nmt("train", data, "--save-dir", tmp_path / "run", *TINY, "--max-update", "2",
                "--tensorboard-dir", tmp_path / "board", check=False, env=env)
-    assert_user_error(proc, "--tensorboard-dir needs the tensorboard package", "pip install 'nmt-cli[tensorboard]'")
+    assert_user_error(proc, "--tensorboard-dir needs the tensorboard package",
+                      "pip install 'nmt-cli[tensorboard]'")
     assert not list((tmp_path / "run").glob("checkpoint*.pt"))
