@@ -1,4 +1,5 @@
-"""The Transformer: the paper's sizes, causality, padding invariance, incremental decoding, pre-norm."""
+"""The Transformer: the paper's sizes (table 3 too), causality, padding invariance, incremental
+decoding, pre-norm, per-head widths d_k and d_v, learned positions."""
 
 from __future__ import annotations
 
@@ -15,6 +16,12 @@ from nmt_cli.model.transformer import Transformer, count_parameters
 
 VOCAB = 50
 SMALL = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.1)
+# The settings table 3 varies, each with all its paths: post- and pre-norm, d_k != d_v != d_model / h
+# (queries and keys narrower, values wider than 8), learned positions.
+VARIANTS = {"post": SMALL, "pre": dataclasses.replace(SMALL, norm="pre"),
+            "d_k=4,d_v=12": dataclasses.replace(SMALL, d_k=4, d_v=12),
+            "one head d_k=d_v=32": dataclasses.replace(SMALL, heads=1, d_k=32, d_v=32),
+            "learned positions": dataclasses.replace(SMALL, positions="learned")}
 # fp32 on the CPU; different batch shapes take different kernel paths, so results agree to rounding only
 ATOL = 1e-5
 
@@ -44,6 +51,41 @@ def test_parameter_count_matches_the_paper(arch: str, paper_params: float) -> No
     assert abs(count_parameters(model) - paper_params) / paper_params < 0.05
 
 
+def _parameters(cfg: ModelConfig) -> float:
+    with torch.device("meta"):
+        return count_parameters(Transformer(cfg, 37000)) / 1e6
+
+
+BASE = ARCHS["transformer_base"]
+TABLE3 = [  # (row, settings that differ from base, the paper's parameters in millions)
+    ("B", dict(d_k=16), 58), ("B", dict(d_k=32), 60),
+    ("C", dict(encoder_layers=2, decoder_layers=2), 36), ("C", dict(encoder_layers=4, decoder_layers=4), 50),
+    ("C", dict(encoder_layers=8, decoder_layers=8), 80), ("C", dict(d_model=256, d_k=32, d_v=32), 28),
+    ("C", dict(d_ff=1024), 53), ("C", dict(d_ff=4096), 90),
+]
+
+
+@pytest.mark.parametrize(("row", "changes", "paper"), TABLE3, ids=[f"{r}-{c}" for r, c, _ in TABLE3])
+def test_table3_rows_differ_from_base_by_the_papers_parameter_counts(row: str, changes: dict, paper: int) -> None:
+    """Each row of table 3 against the base model, with the paper's 37000-token joint vocabulary: the
+    paper gives whole millions, so its difference is known to +-1M (each figure +-0.5M); ours lies
+    within 0.5M of that range."""
+    ours = _parameters(dataclasses.replace(BASE, **changes)) - _parameters(BASE)
+    low, high = paper - 65 - 1, paper - 65 + 1
+    assert low - 0.5 <= ours <= high + 0.5, f"row {row} {changes}: {ours:+.2f}M, the paper {paper - 65:+d}M"
+
+
+def test_table3_widest_and_big_rows_are_near_the_papers_counts() -> None:
+    """C with d_model 1024 (d_k = d_v = 128) is 100.8M above base here and 103M (168 - 65) in the paper:
+    the one row whose difference does not fit the paper's rounding. It grows with d_model as an
+    embedding matrix does, as if the paper's vocabulary were larger than 37000; but then the big model
+    would miss 213M, which it matches. Both are within 2.5% of the paper's totals."""
+    assert abs(_parameters(dataclasses.replace(BASE, d_model=1024, d_k=128, d_v=128)) - 168) / 168 < 0.025
+    assert abs(_parameters(ARCHS["transformer_big"]) - 213) / 213 < 0.02
+    heads = [_parameters(dataclasses.replace(BASE, heads=h, d_k=512 // h, d_v=512 // h)) for h in (1, 4, 16, 32)]
+    assert heads == [_parameters(BASE)] * 4  # row A: h * d_k = d_model keeps the count
+
+
 def test_decoder_is_causal() -> None:
     model = _model()
     src, prev = _tokens([7, 5], seed=1), _tokens([9, 9], seed=2, first=BOS)
@@ -57,9 +99,9 @@ def test_decoder_is_causal() -> None:
             "a later token must matter to its own position"
 
 
-@pytest.mark.parametrize("norm", ["post", "pre"])
-def test_padding_never_changes_real_positions(norm: str) -> None:
-    model = _model(dataclasses.replace(SMALL, norm=norm))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_padding_never_changes_real_positions(variant: str) -> None:
+    model = _model(VARIANTS[variant])
     src, prev = _tokens([6, 3], seed=3), _tokens([5, 2], seed=4, first=BOS)
     alone = [model(src[b : b + 1, :n], prev[b : b + 1, :m]) for b, (n, m) in enumerate([(6, 5), (3, 2)])]
     extra_pad = torch.nn.functional.pad  # more padding on both sides than the batch needs
@@ -71,9 +113,9 @@ def test_padding_never_changes_real_positions(norm: str) -> None:
     torch.testing.assert_close(enc_batched[1, :3], enc_alone[0], atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("norm", ["post", "pre"])
-def test_incremental_decoding_equals_full_forward(norm: str) -> None:
-    model = _model(dataclasses.replace(SMALL, norm=norm))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_incremental_decoding_equals_full_forward(variant: str) -> None:
+    model = _model(VARIANTS[variant])
     src, prev = _tokens([6, 4, 2], seed=5), _tokens([8, 8, 8], seed=6, first=BOS)
     full = model(src, prev)  # (B, T, V)
     enc = model.encode(src)
@@ -107,6 +149,45 @@ def test_pre_norm_trains() -> None:
         optimizer.step()
         optimizer.zero_grad()
     assert losses[-1] < 0.7 * losses[0]
+
+
+def test_learned_positions_are_a_trained_table() -> None:
+    """positions: learned: a max_positions x d_model parameter in the model file, whose gradient is
+    non-zero for the positions a batch uses and zero beyond them; no sinusoid buffer."""
+    model = _model(dataclasses.replace(VARIANTS["learned positions"], dropout=0.0))
+    table = model.learned_positions.weight
+    assert table.shape == (SMALL.max_positions, 32) and "learned_positions.weight" in model.state_dict()
+    assert not hasattr(model, "positions")
+    src, prev = _tokens([6, 4], seed=11), _tokens([5, 5], seed=12, first=BOS)
+    model(src, prev).logsumexp(-1).sum().backward()
+    assert (table.grad[:6].abs().sum(1) > 0).all() and (table.grad[6:] == 0).all()
+
+
+def test_head_widths_shape_the_projections_and_old_configs_keep_theirs() -> None:
+    model = _model(VARIANTS["d_k=4,d_v=12"])
+    attention = model.encoder[0].self_attn
+    assert attention.in_proj.weight.shape == (4 * 4 + 4 * 4 + 4 * 12, 32)
+    assert attention.out_proj.weight.shape == (32, 4 * 12)
+    assert SMALL.head_widths == (8, 8) and dataclasses.replace(SMALL, d_k=4).head_widths == (4, 8)
+    default = _model(SMALL).state_dict()  # the layout of every model file written before d_k and d_v
+    assert default["encoder.0.self_attn.in_proj.weight"].shape == (3 * 32, 32) and "positions" not in default
+
+
+def test_a_model_file_from_before_table3_settings_loads_unchanged(tiny_trained_model: Path, tmp_path: Path) -> None:
+    """A file whose model config has no d_k, d_v or positions (written before they existed) loads as
+    the paper's model: d_model / h per head, sinusoids, the same weights and outputs."""
+    from nmt_cli.model import file as model_file
+
+    state = model_file.load(tiny_trained_model)
+    for key in ("d_k", "d_v", "positions"):
+        del state["model_config"][key]
+    model_file.save(tmp_path / "old.pt", state)
+    old, _, _ = model_file.load_model(tmp_path / "old.pt")
+    new, _, _ = model_file.load_model(tiny_trained_model)
+    assert (old.cfg.d_k, old.cfg.d_v, old.cfg.positions) == (0, 0, "sinusoidal")
+    src, prev = _tokens([5, 3], seed=13), _tokens([4, 4], seed=14, first=BOS)
+    src, prev = src.clamp(max=len(new.embed.weight) - 1), prev.clamp(max=len(new.embed.weight) - 1)
+    assert torch.equal(old(src, prev), new(src, prev))
 
 
 def test_tied_embeddings_and_scaled_sinusoids() -> None:

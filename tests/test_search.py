@@ -3,6 +3,7 @@ enough finds the exhaustive optimum, and batching does not change a sentence's t
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from pathlib import Path
@@ -33,11 +34,11 @@ TINY = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, head
                    max_positions=64)
 
 
-def random_model(vocab: int, seed: int, sharpness: float = 8.0) -> Transformer:
+def random_model(vocab: int, seed: int, sharpness: float = 8.0, cfg: ModelConfig = TINY) -> Transformer:
     """Random weights; a larger embedding scale makes the output distributions peaked enough that
     hypotheses end at different lengths."""
     torch.manual_seed(seed)
-    model = Transformer(TINY, vocab).eval()
+    model = Transformer(cfg, vocab).eval()
     with torch.no_grad():
         model.embed.weight.mul_(sharpness)
     return model
@@ -189,6 +190,18 @@ def test_batched_search_equals_reference(beam: int, nbest: int, alpha: float, se
         assert len(hyps) == nbest and [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
         lengths.update(len(h.tokens) for h in hyps)
     assert len(lengths) > 1  # the sentences did end at different lengths: EOS handling was exercised
+
+
+@pytest.mark.parametrize("changes", [dict(d_k=4, d_v=12), dict(positions="learned")], ids=["d_k,d_v", "learned"])
+def test_search_equals_reference_for_table3_settings(changes: dict) -> None:
+    """The batched, cached search with empty slots, for the model settings of table 3 rows A, B and E."""
+    model = random_model(24, seed=0, cfg=dataclasses.replace(TINY, **changes))
+    sources = random_sources(24, [3, 7, 1, 5, 9, 2], seed=0)
+    settings = dict(beam=4, nbest=2, lenpen=0.6, max_len_a=1.0, max_len_b=4)
+    for source, hyps in zip(sources, beam_search(model, padded(sources), **settings), strict=True):
+        expected = reference_search(model, source, **settings)
+        assert [h.tokens for h in hyps] == [h.tokens for h in expected]
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in expected], abs=1e-4)
 
 
 def test_search_equals_reference_on_a_trained_model(tiny_trained_model: Path) -> None:

@@ -15,7 +15,9 @@ class ModelConfig:
     decoder_layers: int = opt(6, "decoder layers N", at_least=1)
     d_model: int = opt(512, "model width d_model", at_least=2)
     d_ff: int = opt(2048, "feed-forward inner width d_ff", at_least=1)
-    heads: int = opt(8, "attention heads h (d_k = d_model / h)", at_least=1)
+    heads: int = opt(8, "attention heads h", at_least=1)
+    d_k: int = opt(0, "per-head query and key width d_k (0: d_model / h; table 3 rows A, B)", at_least=0)
+    d_v: int = opt(0, "per-head value width d_v (0: d_model / h; table 3 row A)", at_least=0)
     dropout: float = opt(0.1, "P_drop on every sub-layer output and on embedding+position sums",
                          at_least=0, below=1)
     attention_dropout: float = opt(0.0, "dropout on attention weights (not in the paper)", at_least=0,
@@ -25,13 +27,24 @@ class ModelConfig:
     max_positions: int = opt(1024, "longest source or target (in tokens, with EOS) the model accepts",
                              at_least=2)
     norm: Literal["post", "pre"] = opt("post", "post-norm (paper) or pre-norm residual blocks")
+    positions: Literal["sinusoidal", "learned"] = opt(
+        "sinusoidal", "position encodings: the paper's sinusoids (section 3.5) or a trained table of "
+        "max_positions rows (table 3 row E)")
 
     def __post_init__(self) -> None:
         """What the Transformer's shapes need: checked here, so that a setting from YAML or --set, or
         the config inside a model file, is refused with a message instead of failing inside torch."""
-        if self.heads > 0 and (self.d_model % self.heads or self.d_model % 2):
-            raise NmtError(f"model.d_model ({self.d_model}) must be even (sinusoidal positions) and "
-                           f"divisible by model.heads ({self.heads})")
+        if self.positions == "sinusoidal" and self.d_model % 2:
+            raise NmtError(f"model.d_model ({self.d_model}) must be even for sinusoidal positions "
+                           "(or set model.positions=learned)")
+        if self.heads > 0 and self.d_model % self.heads and not (self.d_k and self.d_v):
+            raise NmtError(f"model.d_model ({self.d_model}) must be divisible by model.heads ({self.heads}), "
+                           "or model.d_k and model.d_v set")
+
+    @property
+    def head_widths(self) -> tuple[int, int]:
+        """(d_k, d_v) of each head: as set, or d_model / h (section 3.2.2)."""
+        return self.d_k or self.d_model // self.heads, self.d_v or self.d_model // self.heads
 
 
 ARCHS: dict[str, ModelConfig] = {

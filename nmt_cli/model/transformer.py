@@ -2,8 +2,9 @@
 incremental decoder for search.
 
 Shape legend for every tensor comment in the package:
-    B batch, S source length, T target length, D model width (d_model), H heads,
-    K head width (d_k = D / H), F feed-forward width (d_ff), V vocabulary.
+    B batch, S source length, T target length, D model width (d_model), H heads, K query/key width
+    of a head (d_k), K_v value width of a head (d_v; both D / H unless set), F feed-forward width
+    (d_ff), V vocabulary.
 
 The model knows nothing about distribution, checkpoints or search: `training` wraps it in DDP,
 `inference.search` drives `start_decoding` / `decode_step` / `reorder`. How attention and dropout
@@ -57,7 +58,8 @@ class Encoded(NamedTuple):
 
 
 class Attention(nn.Module):
-    """Multi-head scaled dot-product attention: softmax(Q K^T / sqrt(K)) V per head, then W^O (3.2).
+    """Multi-head scaled dot-product attention: softmax(Q K^T / sqrt(K)) V per head, then W^O (3.2.2).
+    Each head projects to d_k-wide queries and keys and d_v-wide values; the paper's d_k = d_v = D / H.
 
     `recorder`, None except while `nmt attention` looks (see `evaluation.attention_maps.recording`), is called with
     every softmax (B, H, T, L) this layer applies; the output is computed as always.
@@ -65,40 +67,43 @@ class Attention(nn.Module):
 
     recorder: Callable[[Tensor], None] | None = None
 
-    def __init__(self, d_model: int, heads: int, dropout: float) -> None:
+    def __init__(self, cfg: ModelConfig, dropout: float) -> None:
         super().__init__()
-        assert d_model % heads == 0, "d_model must be divisible by the number of heads"
-        self.heads, self.dropout = heads, dropout
-        self.in_proj = nn.Linear(d_model, 3 * d_model)  # W^Q, W^K, W^V of all heads, stacked
-        self.out_proj = nn.Linear(d_model, d_model)  # W^O
-        for block in self.in_proj.weight.chunk(3):
+        d_k, d_v = cfg.head_widths
+        self.heads, self.dropout = cfg.heads, dropout
+        self.widths = [cfg.heads * d_k, cfg.heads * d_k, cfg.heads * d_v]  # rows of W^Q, W^K, W^V
+        self.in_proj = nn.Linear(cfg.d_model, sum(self.widths))  # W^Q, W^K, W^V of all heads, stacked
+        self.out_proj = nn.Linear(cfg.heads * d_v, cfg.d_model)  # W^O
+        for block in self.in_proj.weight.split(self.widths):
             nn.init.xavier_uniform_(block)
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.zeros_(self.in_proj.bias)
         nn.init.zeros_(self.out_proj.bias)
 
-    def _heads(self, x: Tensor) -> Tensor:  # (B, L, D) -> (B, H, L, K)
-        B, L, D = x.shape
-        return x.view(B, L, self.heads, D // self.heads).transpose(1, 2)
+    def _heads(self, x: Tensor) -> Tensor:  # (B, L, H * width) -> (B, H, L, width)
+        B, L, width = x.shape
+        return x.view(B, L, self.heads, width // self.heads).transpose(1, 2)
 
     def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values of self-attention, each (B, H, L, K)."""
-        q, k, v = F.linear(x, self.in_proj.weight, self.in_proj.bias).chunk(3, dim=-1)
+        """Queries and keys (B, H, L, K) and values (B, H, L, K_v) of self-attention."""
+        q, k, v = F.linear(x, self.in_proj.weight, self.in_proj.bias).split(self.widths, dim=-1)
         return self._heads(q), self._heads(k), self._heads(v)
 
     def query(self, x: Tensor) -> Tensor:
-        d = x.shape[-1]
-        return self._heads(F.linear(x, self.in_proj.weight[:d], self.in_proj.bias[:d]))
+        q = self.widths[0]
+        return self._heads(F.linear(x, self.in_proj.weight[:q], self.in_proj.bias[:q]))
 
     def keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values over the encoder output, (B, H, S, K) each: computed once per sentence."""
-        d = memory.shape[-1]
-        k, v = F.linear(memory, self.in_proj.weight[d:], self.in_proj.bias[d:]).chunk(2, dim=-1)
+        """Keys (B, H, S, K) and values (B, H, S, K_v) over the encoder output: once per sentence."""
+        q = self.widths[0]
+        kv = F.linear(memory, self.in_proj.weight[q:], self.in_proj.bias[q:])
+        k, v = kv.split(self.widths[1:], dim=-1)
         return self._heads(k), self._heads(v)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False,
                cached: bool = False) -> Tensor:
-        """(B, H, T, K) queries over (B, H, L, K) keys/values -> (B, T, D). `mask` is True where allowed;
+        """(B, H, T, K) queries over (B, H, L, K) keys and (B, H, L, K_v) values -> (B, T, D). `mask`
+        is True where allowed;
         `cached`: incremental decoding's queries over cached keys/values (`cached_attention`)."""
         if self.recorder is not None:
             self.recorder(attention_weights(q, k, mask, causal))
@@ -106,7 +111,7 @@ class Attention(nn.Module):
             return self._merge(cached_attention(q, k, v, mask))
         return self._merge(attention(q, k, v, mask, causal, self.dropout if self.training else 0.0))
 
-    def _merge(self, y: Tensor) -> Tensor:  # (B, H, T, K) -> W^O applied to the heads side by side (B, T, D)
+    def _merge(self, y: Tensor) -> Tensor:  # (B, H, T, K_v) -> W^O of the heads side by side (B, T, D)
         B, H, T, K = y.shape
         return self.out_proj(y.transpose(1, 2).reshape(B, T, H * K))
 
@@ -143,7 +148,7 @@ class Residual(nn.Module):
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.self_attn, self.ffn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout), FeedForward(cfg)
+        self.self_attn, self.ffn = Attention(cfg, cfg.attention_dropout), FeedForward(cfg)
         self.attn_block, self.ffn_block = Residual(cfg), Residual(cfg)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:  # (B, S, D), (B, 1, 1, S) -> (B, S, D)
@@ -154,8 +159,8 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout)
-        self.cross_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.self_attn = Attention(cfg, cfg.attention_dropout)
+        self.cross_attn = Attention(cfg, cfg.attention_dropout)
         self.ffn = FeedForward(cfg)
         self.self_block, self.cross_block, self.ffn_block = Residual(cfg), Residual(cfg), Residual(cfg)
 
@@ -213,7 +218,9 @@ def _reorder_rows(cache: dict[str, Tensor], name: str, order: Tensor) -> None:
 
 
 class Transformer(nn.Module):
-    """Encoder-decoder with one embedding matrix shared by source, target and output (section 3.4)."""
+    """Encoder-decoder with one embedding matrix shared by source, target and output (section 3.4),
+    positions added as sinusoids (section 3.5) or, with `positions: learned`, from a trained table
+    (section 3.5 and table 3 row E)."""
 
     def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
         super().__init__()
@@ -222,7 +229,11 @@ class Transformer(nn.Module):
         nn.init.normal_(self.embed.weight, mean=0.0, std=cfg.d_model**-0.5)  # unit variance after * sqrt(D)
         with torch.no_grad():
             self.embed.weight[PAD].zero_()
-        self.register_buffer("positions", sinusoids(cfg.max_positions, cfg.d_model), persistent=False)
+        if cfg.positions == "learned":
+            self.learned_positions = nn.Embedding(cfg.max_positions, cfg.d_model)
+            nn.init.normal_(self.learned_positions.weight, mean=0.0, std=cfg.d_model**-0.5)
+        else:
+            self.register_buffer("positions", sinusoids(cfg.max_positions, cfg.d_model), persistent=False)
         self.embed_dropout = Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
@@ -235,7 +246,8 @@ class Transformer(nn.Module):
         length = tokens.shape[1]
         if start + length > self.cfg.max_positions:
             raise ValueError(f"sequence of {start + length} tokens exceeds max_positions={self.cfg.max_positions}")
-        x = self.embed(tokens) * math.sqrt(self.cfg.d_model) + self.positions[start : start + length]
+        table = self.learned_positions.weight if self.cfg.positions == "learned" else self.positions
+        x = self.embed(tokens) * math.sqrt(self.cfg.d_model) + table[start : start + length]
         return self.embed_dropout(x)
 
     def encode(self, src: Tensor) -> Encoded:
