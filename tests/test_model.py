@@ -66,7 +66,8 @@ TABLE3 = [  # (row, settings that differ from base, the paper's parameters in mi
 
 
 @pytest.mark.parametrize(("row", "changes", "paper"), TABLE3, ids=[f"{r}-{c}" for r, c, _ in TABLE3])
-def test_table3_rows_differ_from_base_by_the_papers_parameter_counts(row: str, changes: dict, paper: int) -> None:
+def test_table3_rows_differ_from_base_by_the_papers_parameter_counts(row: str, changes: dict,
+                                                                      paper: int) -> None:
     """Each row of table 3 against the base model, with the paper's 37000-token joint vocabulary: the
     paper gives whole millions, so its difference is known to +-1M (each figure +-0.5M); ours lies
     within 0.5M of that range."""
@@ -82,7 +83,8 @@ def test_table3_widest_and_big_rows_are_near_the_papers_counts() -> None:
     would miss 213M, which it matches. Both are within 2.5% of the paper's totals."""
     assert abs(_parameters(dataclasses.replace(BASE, d_model=1024, d_k=128, d_v=128)) - 168) / 168 < 0.025
     assert abs(_parameters(ARCHS["transformer_big"]) - 213) / 213 < 0.02
-    heads = [_parameters(dataclasses.replace(BASE, heads=h, d_k=512 // h, d_v=512 // h)) for h in (1, 4, 16, 32)]
+    heads = [_parameters(dataclasses.replace(BASE, heads=h, d_k=512 // h, d_v=512 // h))
+             for h in (1, 4, 16, 32)]
     assert heads == [_parameters(BASE)] * 4  # row A: h * d_k = d_model keeps the count
 
 
@@ -173,7 +175,8 @@ def test_head_widths_shape_the_projections_and_old_configs_keep_theirs() -> None
     assert default["encoder.0.self_attn.in_proj.weight"].shape == (3 * 32, 32) and "positions" not in default
 
 
-def test_a_model_file_from_before_table3_settings_loads_unchanged(tiny_trained_model: Path, tmp_path: Path) -> None:
+def test_a_model_file_from_before_table3_settings_loads_unchanged(tiny_trained_model: Path,
+                                                                  tmp_path: Path) -> None:
     """A file whose model config has no d_k, d_v or positions (written before they existed) loads as
     the paper's model: d_model / h per head, sinusoids, the same weights and outputs."""
     from nmt_cli.model import file as model_file

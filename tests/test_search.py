@@ -192,7 +192,8 @@ def test_batched_search_equals_reference(beam: int, nbest: int, alpha: float, se
     assert len(lengths) > 1  # the sentences did end at different lengths: EOS handling was exercised
 
 
-@pytest.mark.parametrize("changes", [dict(d_k=4, d_v=12), dict(positions="learned")], ids=["d_k,d_v", "learned"])
+@pytest.mark.parametrize("changes", [dict(d_k=4, d_v=12), dict(positions="learned")],
+                         ids=["d_k,d_v", "learned"])
 def test_search_equals_reference_for_table3_settings(changes: dict) -> None:
     """The batched, cached search with empty slots, for the model settings of table 3 rows A, B and E."""
     model = random_model(24, seed=0, cfg=dataclasses.replace(TINY, **changes))

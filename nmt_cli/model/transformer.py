@@ -61,8 +61,8 @@ class Attention(nn.Module):
     """Multi-head scaled dot-product attention: softmax(Q K^T / sqrt(K)) V per head, then W^O (3.2.2).
     Each head projects to d_k-wide queries and keys and d_v-wide values; the paper's d_k = d_v = D / H.
 
-    `recorder`, None except while `nmt attention` looks (see `evaluation.attention_maps.recording`), is called with
-    every softmax (B, H, T, L) this layer applies; the output is computed as always.
+    `recorder`, None except while `nmt attention` looks (see `evaluation.attention_maps.recording`),
+    is called with every softmax (B, H, T, L) this layer applies; the output is computed as always.
     """
 
     recorder: Callable[[Tensor], None] | None = None
@@ -137,7 +137,8 @@ class Residual(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.norm, self.dropout, self.pre_norm = nn.LayerNorm(cfg.d_model), Dropout(cfg.dropout), cfg.norm == "pre"
+        self.norm, self.dropout = nn.LayerNorm(cfg.d_model), Dropout(cfg.dropout)
+        self.pre_norm = cfg.norm == "pre"
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
         if self.pre_norm:
@@ -164,7 +165,8 @@ class DecoderLayer(nn.Module):
         self.ffn = FeedForward(cfg)
         self.self_block, self.cross_block, self.ffn_block = Residual(cfg), Residual(cfg), Residual(cfg)
 
-    def forward(self, x: Tensor, enc: Encoded, cache: dict[str, Tensor] | None, beams: Slots | None = None) -> Tensor:
+    def forward(self, x: Tensor, enc: Encoded, cache: dict[str, Tensor] | None,
+                beams: Slots | None = None) -> Tensor:
         """x (B, T, D) -> (B, T, D). With a cache, x is the newest position only (T = 1)."""
         x = self.self_block(x, lambda h: self._self_attention(h, cache))
         x = self.cross_block(x, lambda h: self._cross_attention(h, enc, cache, beams))
@@ -188,7 +190,8 @@ class DecoderLayer(nn.Module):
         # fewer beams than others are first spread to (B, W) slots (zeros in the empty ones).
         k, v = cache["memory_k"], cache["memory_v"]
         rows, sentences = h.shape[0], k.shape[0]
-        queries = h.view(sentences, rows // sentences, -1) if beams is None else beams.spread(h[:, 0], 0.0)  # (B, W, D)
+        per_sentence = h.view(sentences, rows // sentences, -1) if beams is None else None
+        queries = beams.spread(h[:, 0], 0.0) if beams is not None else per_sentence  # (B, W, D)
         y = self.cross_attn.attend(self.cross_attn.query(queries), k, v, enc.mask, cached=True)
         if beams is not None:
             y = y.flatten(0, 1)[beams.slot]
@@ -245,7 +248,8 @@ class Transformer(nn.Module):
     def _embed(self, tokens: Tensor, start: int = 0) -> Tensor:  # (B, L) -> (B, L, D)
         length = tokens.shape[1]
         if start + length > self.cfg.max_positions:
-            raise ValueError(f"sequence of {start + length} tokens exceeds max_positions={self.cfg.max_positions}")
+            raise ValueError(f"sequence of {start + length} tokens exceeds "
+                             f"max_positions={self.cfg.max_positions}")
         table = self.learned_positions.weight if self.cfg.positions == "learned" else self.positions
         x = self.embed(tokens) * math.sqrt(self.cfg.d_model) + table[start : start + length]
         return self.embed_dropout(x)
@@ -280,11 +284,13 @@ class Transformer(nn.Module):
         """A fresh cache holding each layer's keys/values over the encoder output."""
         cache = []
         for layer in self.decoder:
-            k, v = layer.cross_attn.keys_values(enc.memory)  # contiguous: every step's matmul reads them as is
+            # contiguous: every step's matrix product reads them as they are
+            k, v = layer.cross_attn.keys_values(enc.memory)
             cache.append({"memory_k": k.contiguous(), "memory_v": v.contiguous()})
         return cache
 
-    def decode_step(self, tokens: Tensor, step: int, enc: Encoded, cache: Cache, beams: Slots | None = None) -> Tensor:
+    def decode_step(self, tokens: Tensor, step: int, enc: Encoded, cache: Cache,
+                    beams: Slots | None = None) -> Tensor:
         """tokens (N,) at target position `step` (0 for BOS) -> logits (N, V) of the next token. Rows
         are grouped by sentence: without `beams`, N = B * beam and rows b * beam ... (b + 1) * beam - 1
         belong to sentence b of `enc` (B sentences; beam may be 1); `beams` says where they are when
@@ -295,7 +301,8 @@ class Transformer(nn.Module):
         return self.logits(self.decoder_norm(x[:, 0]))
 
     @staticmethod
-    def reorder(enc: Encoded, cache: Cache, order: Tensor, sentences: Tensor | None = None) -> tuple[Encoded, Cache]:
+    def reorder(enc: Encoded, cache: Cache, order: Tensor,
+                sentences: Tensor | None = None) -> tuple[Encoded, Cache]:
         """Keep decoder rows `order` (N'): the beams that survive, grouped by sentence as in
         `decode_step`. Encoder states are shared by a sentence's beams, so they change only when
         sentences leave: `sentences` (B',) are the ones still decoding (None: all)."""
