@@ -26,7 +26,8 @@ os.environ["NMT_TEST_HOOKS"] = str(Path(__file__).with_name("fault_hooks.py"))
 def shared_data() -> Path:
     """The folder of real parallel text; skips the test when it is not there."""
     if not (SHARED_DATA / "multi30k").is_dir():
-        pytest.skip(f"real test data not found at {SHARED_DATA} (set NMT_SHARED_DATA to the shared/data folder)")
+        pytest.skip(f"real test data not found at {SHARED_DATA} "
+                    "(set NMT_SHARED_DATA to the shared/data folder)")
     return SHARED_DATA
 
 
@@ -40,13 +41,15 @@ def nmt(*args: object, check: bool = True, input: str | bytes | None = None, tim
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, cwd=cwd,
     )
     if check and proc.returncode != 0:
-        raise AssertionError(f"nmt {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(f"nmt {' '.join(map(str, args))} failed ({proc.returncode}):\n"
+                             f"{proc.stdout}\n{proc.stderr}")
     return proc
 
 
 def assert_user_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
     """A clear failure: non-zero exit, one message naming the problem, no Python traceback."""
-    output = proc.stdout + proc.stderr if isinstance(proc.stdout, str) else (proc.stdout + proc.stderr).decode()
+    output = (proc.stdout + proc.stderr if isinstance(proc.stdout, str)
+              else (proc.stdout + proc.stderr).decode())
     assert proc.returncode != 0, f"expected failure, got success:\n{output}"
     assert "Traceback" not in output, f"traceback shown to the user:\n{output}"
     for needle in needles:
@@ -103,7 +106,8 @@ def make_prepare_folder(out: Path, splits: dict[str, tuple[str, str]], src_lang:
                 stage.add_output(f"{split}.{lang}")
         lines = {split: count_lines(out / f"{split}.{src_lang}") for split in splits}
         assert all(lines[s] == count_lines(out / f"{s}.{tgt_lang}") for s in splits)
-        stage.info.update(src_lang=src_lang, tgt_lang=tgt_lang, splits={s: {"lines": n} for s, n in lines.items()})
+        stage.info.update(src_lang=src_lang, tgt_lang=tgt_lang,
+                          splits={s: {"lines": n} for s, n in lines.items()})
     return out
 
 
@@ -141,9 +145,9 @@ def multi30k_bin(multi30k_bpe: Path) -> Path:
 # seconds, for properties of the search that need a model emitting EOS sensibly. The real `nmt train`
 # output goes through average/translate/score in test_pipeline.py.
 
-TOY_WORDS = ["red", "green", "blue", "black", "white", "small", "large", "old", "new", "fast", "slow", "cat",
-             "dog", "bird", "fish", "house", "tree", "river", "stone", "cloud", "sings", "runs", "sleeps", "eats",
-             "sees", "the", "a", "and", "of", "under", "near"]
+TOY_WORDS = ["red", "green", "blue", "black", "white", "small", "large", "old", "new", "fast", "slow",
+             "cat", "dog", "bird", "fish", "house", "tree", "river", "stone", "cloud", "sings", "runs",
+             "sleeps", "eats", "sees", "the", "a", "and", "of", "under", "near"]
 
 
 def toy_sentences(count: int, seed: int, max_words: int = 10) -> list[str]:
@@ -171,11 +175,13 @@ def toy_spm(tmp_path_factory: pytest.TempPathFactory):
     sp = spm.SentencePieceProcessor(model_proto=model_bytes)
     from collections import Counter
 
-    counts = Counter(p for line in text.read_text(encoding="utf-8").splitlines() for p in sp.encode(line, out_type=str))
+    counts = Counter(p for line in text.read_text(encoding="utf-8").splitlines()
+                     for p in sp.encode(line, out_type=str))
     return model_bytes, Dictionary.from_counts(counts)
 
 
-def save_model_file(path: Path, model, dictionary, spm_bytes: bytes, update: int = 0, kind: str = "model") -> Path:
+def save_model_file(path: Path, model, dictionary, spm_bytes: bytes, update: int = 0,
+                    kind: str = "model") -> Path:
     """Write `model` as `nmt train` / `nmt average` would (the training state left out)."""
     from nmt_cli.model import file as model_file
 
@@ -199,7 +205,8 @@ def tiny_trained_model(tmp_path_factory: pytest.TempPathFactory, toy_spm) -> Pat
     spm_bytes, dictionary = toy_spm
     sp = spm.SentencePieceProcessor(model_proto=spm_bytes)
     torch.manual_seed(0)
-    cfg = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=64, d_ff=128, heads=4, dropout=0.0, max_positions=64)
+    cfg = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=64, d_ff=128, heads=4, dropout=0.0,
+                      max_positions=64)
     model = Transformer(cfg, len(dictionary))
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
     data = [dictionary.encode(sp.encode(s, out_type=str)) for s in toy_sentences(4000, seed=1)]
@@ -215,7 +222,8 @@ def tiny_trained_model(tmp_path_factory: pytest.TempPathFactory, toy_spm) -> Pat
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    return save_model_file(tmp_path_factory.mktemp("trained") / "model.pt", model.eval(), dictionary, spm_bytes, 300)
+    return save_model_file(tmp_path_factory.mktemp("trained") / "model.pt", model.eval(), dictionary,
+                           spm_bytes, 300)
 
 
 @functools.cache
@@ -226,4 +234,5 @@ def why_torch_compile_cannot_run() -> str | None:
         return f"torch.compile on the CPU needs a C++ compiler ({os.environ.get('CXX', 'g++')}); none found"
     probe = "import torch; print(torch.compile(lambda x: x.sin() + 1)(torch.ones(3)).sum().item())"
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
-    return None if proc.returncode == 0 else f"torch.compile fails here: {(proc.stderr.strip().splitlines() or [''])[-1]}"
+    return (None if proc.returncode == 0
+            else f"torch.compile fails here: {(proc.stderr.strip().splitlines() or [''])[-1]}")

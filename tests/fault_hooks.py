@@ -44,7 +44,8 @@ class Faults:
             assert match, f"NMT_TEST_FAULTS: {item!r} is not KIND@A[-B][.M][/R]"
             kind, first, last, micro, on_rank = match.groups()
             if on_rank is None or int(on_rank) == rank:
-                entries.append((kind, range(int(first), int(last or first) + 1), int(micro) if micro else None))
+                entries.append((kind, range(int(first), int(last or first) + 1),
+                                int(micro) if micro else None))
         return cls(entries)
 
     def wanted(self, kind: str, attempt: int, micro: int | None = None) -> bool:
@@ -54,15 +55,15 @@ class Faults:
 def forward_done(attempt: int, micro: int, rank: int, loss: torch.Tensor) -> torch.Tensor | None:
     faults = Faults.from_env(rank)
     if faults.wanted("oom", attempt, micro):
-        raise torch.OutOfMemoryError(f"NMT_TEST_FAULTS: out of memory after the forward of micro-batch {micro} "
-                                     f"of update attempt {attempt}")
+        raise torch.OutOfMemoryError(f"NMT_TEST_FAULTS: out of memory after the forward of micro-batch "
+                                     f"{micro} of update attempt {attempt}")
     return loss + float("nan") if faults.wanted("loss", attempt) else None
 
 
 def backward_done(attempt: int, micro: int, rank: int) -> None:
     if Faults.from_env(rank).wanted("oom-backward", attempt, micro):
-        raise torch.OutOfMemoryError(f"NMT_TEST_FAULTS: out of memory after the backward of micro-batch {micro} "
-                                     f"of update attempt {attempt}")
+        raise torch.OutOfMemoryError(f"NMT_TEST_FAULTS: out of memory after the backward of micro-batch "
+                                     f"{micro} of update attempt {attempt}")
 
 
 def gradients_reduced(attempt: int, rank: int, model: torch.nn.Module) -> None:

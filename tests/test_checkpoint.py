@@ -124,7 +124,8 @@ def test_resume_takes_the_newest_intact_checkpoint(tmp_path: Path) -> None:
 
 def test_relinking_best_after_a_crash(tmp_path: Path) -> None:
     checkpoint.save_training(tmp_path, 2, _state(2), best=True, keep_last=5)
-    file_format.save(tmp_path / "checkpoint_4.pt", _state(4))  # the crash came before checkpoint_best.pt moved
+    # the crash came before checkpoint_best.pt moved
+    file_format.save(tmp_path / "checkpoint_4.pt", _state(4))
     checkpoint.relink_best(tmp_path, 4)
     assert os.path.samefile(tmp_path / BEST, tmp_path / "checkpoint_4.pt")
 

@@ -30,7 +30,8 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _cfg(data_dir: Path, **changes: object):
-    cfg = dataclasses.replace(train_base("transformer_tiny"), data=data_dir, save_dir=Path("unused"), **changes)
+    cfg = dataclasses.replace(train_base("transformer_tiny"), data=data_dir, save_dir=Path("unused"),
+                              **changes)
     cfg.model.max_positions = 64
     return cfg
 
@@ -46,7 +47,8 @@ def test_batches_fit_the_budget_with_padding_and_hold_every_example_once() -> No
     assert sorted(np.concatenate(batches).tolist()) == sorted(kept.tolist())
 
 
-def shard_batches(batches: list[np.ndarray], epoch: int, seed: int, rank: int, world_size: int) -> list[np.ndarray]:
+def shard_batches(batches: list[np.ndarray], epoch: int, seed: int, rank: int,
+                  world_size: int) -> list[np.ndarray]:
     """The oracle of the batch plan: this rank's batches of an epoch, all batches shuffled from
     (seed, epoch) and dealt round-robin."""
     return [batches[i] for i in epoch_order(len(batches), epoch, seed)[rank::world_size]]

@@ -108,10 +108,11 @@ def test_the_first_nonfinite_value_in_module_order_is_named() -> None:
 def test_out_of_memory_share_and_the_stop_message() -> None:
     cfg = TrainConfig(data=Path("bin"), save_dir=Path("run"), batch=BatchConfig(max_tokens=4096),
                       guard=GuardConfig(max_oom_fraction=0.02))
-    guard.check_out_of_memory(cfg, Counters(oom_micro_batches=1, micro_batches=2), 10)  # one alone never stops
+    # one alone never stops
+    guard.check_out_of_memory(cfg, Counters(oom_micro_batches=1, micro_batches=2), 10)
     guard.check_out_of_memory(cfg, Counters(oom_micro_batches=2, micro_batches=200), 10)
-    with pytest.raises(NmtError, match=r"3 of 100 micro-batches .* --max-tokens \(now 4096.*checkpoint_last.pt "
-                                       r"\(update 10\)"):
+    with pytest.raises(NmtError, match=r"3 of 100 micro-batches .* --max-tokens \(now 4096.*"
+                                       r"checkpoint_last.pt \(update 10\)"):
         guard.check_out_of_memory(cfg, Counters(update=12, oom_micro_batches=3, micro_batches=100), 10)
 
 
@@ -133,35 +134,41 @@ def test_a_nan_on_one_rank_is_skipped_on_both(train_data: Path, tmp_path: Path) 
     assert "update 3: skipped, non-finite loss on 0 and non-finite gradients on 1 of 2 rank(s)" in proc.stderr
     records = train_records(tmp_path / "run")
     assert [r["update"] for r in records] == [1, 2, 3, 4, 5, 6]
-    assert sum(r["skipped_updates"] for r in records) == 2 and [r["skipped_updates"] for r in records][1:3] == [1, 1]
-    assert all(r["loss"] == r["loss"] and r["gnorm"] < 1e3 for r in records)  # nothing non-finite reached the log
+    assert (sum(r["skipped_updates"] for r in records) == 2
+            and [r["skipped_updates"] for r in records][1:3] == [1, 1])
+    # nothing non-finite reached the log
+    assert all(r["loss"] == r["loss"] and r["gnorm"] < 1e3 for r in records)
     assert model_file.load(tmp_path / "run" / "checkpoint_last.pt")["train"]["skipped_updates"] == 2
     _assert_ranks_counted_alike(logs)
 
 
 @pytest.mark.slow
-def test_nonfinite_updates_in_a_row_stop_with_the_place_and_the_checkpoint(train_data: Path, tmp_path: Path) -> None:
+def test_nonfinite_updates_in_a_row_stop_with_the_place_and_the_checkpoint(train_data: Path,
+                                                                           tmp_path: Path) -> None:
     proc = nmt("train", train_data, "--save-dir", tmp_path / "run", *TWO_RANKS, "--max-update", "20",
                "--save-interval-updates", "2", "--set", "guard.max_bad_updates=2",
                env={"NMT_TEST_FAULTS": "grad@5-100/1"}, check=False)
     assert_user_error(proc, "update 5: 3 updates in a row were skipped for non-finite values",
-                      "non-finite gradients on 1 of 2 rank(s)", f"{_last_parameter()} (its gradient) on rank 1",
+                      "non-finite gradients on 1 of 2 rank(s)",
+                      f"{_last_parameter()} (its gradient) on rank 1",
                       "checkpoint_last.pt (update 4)", "learning rate")
     assert [r["update"] for r in train_records(tmp_path / "run")] == [1, 2, 3, 4]
 
     alone = nmt("train", train_data, "--save-dir", tmp_path / "alone", *TINY_TRAIN, "--max-update", "20",
                 "--set", "guard.max_bad_updates=1", env={"NMT_TEST_FAULTS": "loss@3-100"}, check=False)
-    assert_user_error(alone, "update 3: 2 updates in a row", "the loss itself was", "no checkpoint was saved yet")
+    assert_user_error(alone, "update 3: 2 updates in a row", "the loss itself was",
+                      "no checkpoint was saved yet")
 
 
 @pytest.mark.slow
-def test_fp16_overflow_shrinks_the_scale_on_every_rank_and_a_floor_stops(train_data: Path, tmp_path: Path) -> None:
+def test_fp16_overflow_shrinks_the_scale_on_every_rank_and_a_floor_stops(train_data: Path,
+                                                                         tmp_path: Path) -> None:
     """Rank 1 alone overflows at update attempts 3 and 4: both ranks halve the scale twice (the
     checkpoint at update 5 is only written after the ranks compared their scales). Overflowing on and
     on from attempt 8, the scale falls below the floor and the run stops."""
     save = tmp_path / "run"
-    proc = nmt("train", train_data, "--save-dir", save, *TWO_RANKS, "--precision", "fp16", "--save-interval-updates",
-               "5", "--max-update", "20", "--set", "guard.min_loss_scale=5000",
+    proc = nmt("train", train_data, "--save-dir", save, *TWO_RANKS, "--precision", "fp16",
+               "--save-interval-updates", "5", "--max-update", "20", "--set", "guard.min_loss_scale=5000",
                env={"NMT_TEST_FAULTS": "grad@3-4/1 grad@8-100/1"}, check=False)
     assert_user_error(proc, "update 6: the fp16 loss scale fell to 4096, below guard.min_loss_scale=5000",
                       "--precision bf16", "checkpoint_last.pt (update 5)")
@@ -175,7 +182,8 @@ def test_fp16_overflow_shrinks_the_scale_on_every_rank_and_a_floor_stops(train_d
 
 
 @pytest.mark.slow
-def test_out_of_memory_micro_batches_are_skipped_and_the_rest_trained(train_data: Path, tmp_path: Path) -> None:
+def test_out_of_memory_micro_batches_are_skipped_and_the_rest_trained(train_data: Path,
+                                                                      tmp_path: Path) -> None:
     """Two ranks, two micro-batches each per update. Rank 1 runs out of memory in the forward of its
     gradient-synchronising micro-batch (update 2), rank 0 in a local one (update 4), rank 1 in a local
     backward (update 5). Nobody waits forever, each is counted once, and every update's logged target
@@ -184,10 +192,12 @@ def test_out_of_memory_micro_batches_are_skipped_and_the_rest_trained(train_data
     logs.mkdir()
     faults = "oom@2.2/1 oom@4.1/0 oom-backward@5.1/1"
     proc = nmt("train", train_data, "--save-dir", tmp_path / "run", *TINY_TRAIN, "--nproc", "2",
-               "--set", "batch.micro_batches_per_update=2", "--max-update", "6", "--save-interval-updates", "6",
-               "--set", "guard.max_oom_fraction=0.5", env={"NMT_TEST_FAULTS": faults, "NMT_TEST_EXAMPLE_LOG": str(logs)})
+               "--set", "batch.micro_batches_per_update=2", "--max-update", "6",
+               "--save-interval-updates", "6", "--set", "guard.max_oom_fraction=0.5",
+               env={"NMT_TEST_FAULTS": faults, "NMT_TEST_EXAMPLE_LOG": str(logs)})
     for update in (2, 4, 5):
-        assert f"update {update}: 1 micro-batch(es) ran out of memory and were skipped" in proc.stderr, proc.stderr
+        assert (f"update {update}: 1 micro-batch(es) ran out of memory and were skipped"
+                in proc.stderr), proc.stderr
     records = train_records(tmp_path / "run")
     assert [r["update"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert [r["oom_micro_batches"] for r in records] == [0, 1, 0, 1, 1, 0]
@@ -202,18 +212,20 @@ def test_out_of_memory_micro_batches_are_skipped_and_the_rest_trained(train_data
 
 
 def _trainer(train_data: Path, tmp_path: Path) -> train.Trainer:
-    cfg = dataclasses.replace(train_base("transformer_tiny"), data=train_data, save_dir=tmp_path, precision="fp32",
-                              batch=BatchConfig(max_tokens=256), guard=GuardConfig(max_oom_fraction=1.0),
+    cfg = dataclasses.replace(train_base("transformer_tiny"), data=train_data, save_dir=tmp_path,
+                              precision="fp32", batch=BatchConfig(max_tokens=256),
+                              guard=GuardConfig(max_oom_fraction=1.0),
                               optim=OptimConfig(lr_schedule="inverse_sqrt", lr=1e-3, warmup_updates=0),
-                              model=ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=2,
-                                                dropout=0.0))
+                              model=ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64,
+                                                heads=2, dropout=0.0))
     return train.Trainer(cfg, distributed.Context(0, 1, 0, torch.device("cpu")), corpus.load(cfg),
                          TrainLog(tmp_path, enabled=False))
 
 
 @pytest.mark.parametrize(("fault", "kept"), [("oom@1.2", [0, 2]), ("oom-backward@1.2", [2])])
 def test_a_dropped_micro_batch_leaves_nothing_in_the_update(train_data: Path, tmp_path: Path, fault: str,
-                                                            kept: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+                                                            kept: list[int],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """One update of micro-batches 0, 1, 2 where 1 runs out of memory in its forward (only it is
     dropped) or in its backward (0 goes too: the gradients held part of 1). The gradient the optimiser
     steps with equals that of the micro-batches kept, trained alone: nothing of the dropped ones
@@ -229,7 +241,8 @@ def test_a_dropped_micro_batch_leaves_nothing_in_the_update(train_data: Path, tm
 
         monkeypatch.setattr(trainer.step.scaler, "step", keep_and_step)
         split = trainer.data.train
-        trainer.update([split.batches[i] for i in batches], int(split.tgt_tokens[batches].sum()), len(batches))
+        trainer.update([split.batches[i] for i in batches], int(split.tgt_tokens[batches].sum()),
+                       len(batches))
         return stepped
 
     dropped, alone, full = gradient([0, 1, 2], fault), gradient(kept, ""), gradient([0, 1, 2], "")
@@ -239,29 +252,36 @@ def test_a_dropped_micro_batch_leaves_nothing_in_the_update(train_data: Path, tm
 
 
 @pytest.mark.slow
-def test_too_many_out_of_memory_micro_batches_stop_naming_max_tokens(train_data: Path, tmp_path: Path) -> None:
-    proc = nmt("train", train_data, "--save-dir", tmp_path / "run", *TINY_TRAIN, "--set", "batch.micro_batches_per_update=2",
-               "--max-update", "10", env={"NMT_TEST_FAULTS": "oom@1-100"}, check=False)
-    assert_user_error(proc, "update 1: 2 of 2 micro-batches so far ran out of memory", "guard.max_oom_fraction=0.02",
-                      "Lower --max-tokens (now 256")
+def test_too_many_out_of_memory_micro_batches_stop_naming_max_tokens(train_data: Path,
+                                                                     tmp_path: Path) -> None:
+    proc = nmt("train", train_data, "--save-dir", tmp_path / "run", *TINY_TRAIN,
+               "--set", "batch.micro_batches_per_update=2", "--max-update", "10",
+               env={"NMT_TEST_FAULTS": "oom@1-100"}, check=False)
+    assert_user_error(proc, "update 1: 2 of 2 micro-batches so far ran out of memory",
+                      "guard.max_oom_fraction=0.02", "Lower --max-tokens (now 256")
 
 
 @pytest.mark.slow
-def test_out_of_memory_in_the_synchronising_backward_stops_cleanly(train_data: Path, tmp_path: Path) -> None:
+def test_out_of_memory_in_the_synchronising_backward_stops_cleanly(train_data: Path,
+                                                                   tmp_path: Path) -> None:
     """The one case that cannot be skipped (DDP's all-reduce has begun): a clear stop, not a hang."""
     proc = nmt("train", train_data, "--save-dir", tmp_path / "run", *TWO_RANKS, "--max-update", "10",
                env={"NMT_TEST_FAULTS": "oom-backward@2.1/1"}, check=False, timeout=120)
-    assert_user_error(proc, "out of memory in the gradient-synchronising backward pass on rank 1", "--max-tokens")
+    assert_user_error(proc, "out of memory in the gradient-synchronising backward pass on rank 1",
+                      "--max-tokens")
 
 
 @pytest.mark.slow
-def test_dry_run_tries_the_largest_batch(train_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    args = ["train", train_data, "--save-dir", tmp_path / "run", *TINY_TRAIN, "--dry-run", "--try-largest-batch"]
+def test_dry_run_tries_the_largest_batch(train_data: Path, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    args = ["train", train_data, "--save-dir", tmp_path / "run", *TINY_TRAIN, "--dry-run",
+            "--try-largest-batch"]
     assert "largest batch: fits on cpu" in nmt(*args).stdout
     cfg = dataclasses.replace(train_base("transformer_tiny"), data=train_data, save_dir=tmp_path / "run",
                               precision="fp32", batch=BatchConfig(max_tokens=256), dry_run=True,
                               try_largest_batch=True,
-                              model=ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=2))
+                              model=ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64,
+                                                heads=2))
     monkeypatch.setenv("NMT_TEST_FAULTS", "oom@0")
     with pytest.raises(NmtError, match="does not fit in the memory of cpu .* lower --max-tokens"):
         train.run(cfg)

@@ -48,7 +48,8 @@ def imports_of(path: Path, known: dict[str, Path]) -> set[str]:
 
 def graph() -> dict[str, set[str]]:
     known = modules()
-    return {name: {m for m in imports_of(path, known) if m in known and m != name} for name, path in known.items()}
+    return {name: {m for m in imports_of(path, known) if m in known and m != name}
+            for name, path in known.items()}
 
 
 def area(module: str) -> str:
@@ -58,7 +59,8 @@ def area(module: str) -> str:
 
 def test_the_scan_sees_the_package() -> None:
     edges = graph()
-    assert "nmt_cli.training.train" in edges and "nmt_cli.model.transformer" in edges["nmt_cli.training.train"]
+    assert ("nmt_cli.training.train" in edges
+            and "nmt_cli.model.transformer" in edges["nmt_cli.training.train"])
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))

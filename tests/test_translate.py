@@ -69,8 +69,9 @@ def test_file_output_is_in_input_order(tiny_trained_model: Path, tmp_path: Path)
 
 def test_adversarial_input_gives_one_line_per_line(tiny_trained_model: Path, tmp_path: Path) -> None:
     lines = [
-        b"red cat", b"", b"   ", b"\t", "\u200b\ufeff".encode(), b"dog\r", b"cat\rdog", b"fish\x00bird", b"tree\x0cstone",
-        "river\u2028cloud".encode(), b"bad \xff\xfe utf8", b"\x1b[31mred\x1b[0m", "old\u0085new".encode(),
+        b"red cat", b"", b"   ", b"\t", "\u200b\ufeff".encode(), b"dog\r", b"cat\rdog", b"fish\x00bird",
+        b"tree\x0cstone", "river\u2028cloud".encode(), b"bad \xff\xfe utf8", b"\x1b[31mred\x1b[0m",
+        "old\u0085new".encode(),
         " ".join(["house"] * 200).encode(),  # longer than max_positions (64)
         b"last line without newline",
     ]
@@ -104,7 +105,8 @@ def test_nbest_layout(tiny_trained_model: Path) -> None:
     for first in (0, 6):
         scores = [float(r[1]) for r in rows[first : first + 3]]
         assert scores == sorted(scores, reverse=True)
-    best = nmt("translate", tiny_trained_model, "--beam", 4, input="red cat\n\nbig dog house\n").stdout.splitlines()
+    best = nmt("translate", tiny_trained_model, "--beam", 4,
+               input="red cat\n\nbig dog house\n").stdout.splitlines()
     assert [rows[0][2], rows[6][2]] == [best[0], best[2]]
 
 
@@ -143,7 +145,8 @@ def test_bad_model_files_are_refused(tmp_path: Path, tiny_trained_model: Path) -
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_dtypes_translate(tiny_trained_model: Path, dtype: str) -> None:
-    out = nmt("translate", tiny_trained_model, "--dtype", dtype, "--device", "cpu", input="red cat sees the dog\n").stdout
+    out = nmt("translate", tiny_trained_model, "--dtype", dtype, "--device", "cpu",
+              input="red cat sees the dog\n").stdout
     assert out.count("\n") == 1 and out.strip()
 
 
@@ -166,8 +169,8 @@ def test_compiled_decoder_translates_as_the_eager_one(tiny_trained_model: Path, 
     for beam, threads in ((4, 2), (1, 1)):
         eager, compiled = tmp_path / f"eager{beam}.txt", tmp_path / f"compiled{beam}.txt"
         nmt("translate", tiny_trained_model, "-i", src, "-o", eager, "--beam", beam, "--max-tokens", 60)
-        proc = nmt("translate", tiny_trained_model, "-i", src, "-o", compiled, "--beam", beam, "--max-tokens", 60,
-                   "--compile", "--threads", threads, env=cache)
+        proc = nmt("translate", tiny_trained_model, "-i", src, "-o", compiled, "--beam", beam,
+                   "--max-tokens", 60, "--compile", "--threads", threads, env=cache)
         assert "compiling the decoder" in proc.stderr and "recompile_limit" not in proc.stderr
         assert compiled.read_text(encoding="utf-8") == eager.read_text(encoding="utf-8")
     assert len(set(eager.read_text(encoding="utf-8").splitlines())) > 20  # real, differing translations
@@ -193,8 +196,10 @@ def test_a_worker_process_that_dies_is_a_clear_error(tiny_trained_model: Path, t
 
 
 @pytest.mark.parametrize("threads", [1, 2])  # compiling here, or in worker processes
-def test_compile_without_a_compiler_is_a_clear_error(tiny_trained_model: Path, tmp_path: Path, threads: int) -> None:
-    proc = nmt("translate", tiny_trained_model, "--compile", "--threads", threads, check=False, input="red cat\n",
-               env={"CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+def test_compile_without_a_compiler_is_a_clear_error(tiny_trained_model: Path, tmp_path: Path,
+                                                     threads: int) -> None:
+    proc = nmt("translate", tiny_trained_model, "--compile", "--threads", threads, check=False,
+               input="red cat\n", env={"CXX": str(tmp_path / "no-such-g++"),
+                                       "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
     assert_user_error(proc, "--compile", "C++ compiler", "without --compile")
     assert proc.stdout == ""

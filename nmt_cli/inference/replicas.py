@@ -28,7 +28,8 @@ from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.inference.search import Hypothesis, beam_search, compile_decoder, keep_freed_memory
 from nmt_cli.model import file as model_file
 
-_STARTED = 30 * 60  # seconds the processes wait for each other to start and compile: a cold compile takes ~1 min
+# seconds the processes wait for each other to start and compile: a cold compile takes ~1 min
+_STARTED = 30 * 60
 
 # The one replica of the process this module runs in (a worker): set by `_start`.
 _replica: dict[str, Any] = {}

@@ -116,14 +116,16 @@ def _extensions(best: NextTokens, scores: Tensor, k: int, force_eos: Tensor,
     best: the decoder's best next tokens of each row (k of them; more change nothing, fewer come only
     from a tiny vocabulary), one row per live slot (all B * W slots without `beams`); scores (B, W)
     log-probabilities so far (-inf: empty slot); force_eos (B,) sentences at their maximum length.
-    Returns log-probabilities (B, k) best first, the slot each extends (B, k) and its token (B, k). A sentence's best k extensions lie among the
-    best k of each of its slots, so only those are combined with the slots' scores.
+    Returns log-probabilities (B, k) best first, the slot each extends (B, k) and its token (B, k). A
+    sentence's best k extensions lie among the best k of each of its slots, so only those are
+    combined with the slots' scores.
     """
     B, W = scores.shape
     top_log_probs, top_tokens = best.log_probs, best.tokens  # (N, k), or fewer columns for a tiny vocabulary
     per_slot = top_log_probs.shape[1]
     if bool(force_eos.any()):
-        forced = force_eos.repeat_interleave(W)[:, None] if beams is None else force_eos[beams.sentence(), None]
+        forced = (force_eos.repeat_interleave(W)[:, None] if beams is None
+                  else force_eos[beams.sentence(), None])
         eos_only = torch.full_like(top_log_probs, -math.inf)
         eos_only[:, 0] = best.eos
         top_log_probs = torch.where(forced, eos_only, top_log_probs)
@@ -136,12 +138,14 @@ def _extensions(best: NextTokens, scores: Tensor, k: int, force_eos: Tensor,
     return values, index // per_slot, top_tokens.view(B, W * per_slot).gather(1, index)
 
 
-def _live_first(live: Tensor, values: Tensor, rows: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _live_first(live: Tensor, values: Tensor, rows: Tensor,
+                tokens: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Each sentence's live extensions moved to its first slots, best first, and the slots no sentence
     uses dropped: (live, scores (-inf where not live), source rows, tokens), each (B, W')."""
     order = torch.argsort((~live).to(torch.int8), dim=1, stable=True)[:, : max(int(live.sum(1).max()), 1)]
     live = live.gather(1, order)
-    return live, torch.where(live, values.gather(1, order), -math.inf), rows.gather(1, order), tokens.gather(1, order)
+    return (live, torch.where(live, values.gather(1, order), -math.inf), rows.gather(1, order),
+            tokens.gather(1, order))
 
 
 class _Finished:
@@ -202,7 +206,8 @@ def beam_search(model: Transformer, src: Tensor, *, beam: int, nbest: int, lenpe
         keep = (~done).nonzero()[:, 0] if bool(done.any()) else None
         if keep is not None:
             live, rows, new_tokens, scores = live[keep], rows[keep], new_tokens[keep], scores[keep]
-            sentences, max_len, final_lp, n_finished = sentences[keep], max_len[keep], final_lp[keep], n_finished[keep]
+            sentences, max_len, final_lp, n_finished = (sentences[keep], max_len[keep], final_lp[keep],
+                                                        n_finished[keep])
         if bool(live.all()):
             beams, rows, tokens = None, rows.reshape(-1), new_tokens.reshape(-1)
         else:  # sentences with fewer live hypotheses than others: their empty slots get no row
@@ -232,8 +237,8 @@ def compile_decoder(model: Transformer, beam: int) -> None:
     """
     compiled = torch.compile(next_tokens, dynamic=True)
 
-    def compiled_next_tokens(model: Transformer, tokens: Tensor, step: int, enc: Encoded, cache: Cache, k: int,
-                             beams: Beams | None) -> NextTokens:
+    def compiled_next_tokens(model: Transformer, tokens: Tensor, step: int, enc: Encoded, cache: Cache,
+                             k: int, beams: Beams | None) -> NextTokens:
         # Always the best `beam` tokens, so that the greedy warm-up makes graphs for the beam search
         # (more than k change nothing). No duck sizing: by default, sizes equal when first compiled
         # are assumed equal for good (4 slots a sentence and 4 heads), and each later difference
@@ -245,7 +250,8 @@ def compile_decoder(model: Transformer, beam: int) -> None:
     device = next(model.parameters()).device
     word = min(4, model.vocab_size - 1)  # any token after the specials
     for width in sorted({beam, 1}, reverse=True):
-        for lengths in (list(range(40, 8, -1)), [5]):  # sentences finish at different steps: the last one decodes alone
+        # sentences finish at different steps: the last one decodes alone
+        for lengths in (list(range(40, 8, -1)), [5]):
             src = torch.full((len(lengths), max(lengths)), PAD, dtype=torch.long)
             for row, length in enumerate(lengths):
                 src[row, :length] = torch.tensor([word] * (length - 1) + [EOS])
@@ -366,7 +372,8 @@ def reference_search(model: Transformer, source: Sequence[int], *, beam: int, nb
     """The search of the module docstring for one sentence, in plain Python over full forward passes
     (no cache, no batching, no shortcuts): the specification `beam_search` is tested against."""
     src = torch.tensor([list(source)])
-    max_len = int(max_output_lengths(torch.tensor(len(source) - 1), max_len_a, max_len_b, model.cfg.max_positions))
+    max_len = int(max_output_lengths(torch.tensor(len(source) - 1), max_len_a, max_len_b,
+                                     model.cfg.max_positions))
     live: list[tuple[float, list[int]]] = [(0.0, [])]  # (log P, tokens)
     finished: list[Hypothesis] = []
     for step in range(max_len + 1):

@@ -67,7 +67,8 @@ class Translator:
     """A loaded model with its dictionary and sentencepiece model: lines of text to translations."""
 
     def __init__(self, model: Transformer, dictionary: Dictionary, sp: spm.SentencePieceProcessor,
-                 cfg: TranslateConfig, warn: Warn, workers: int = 1, replicas: Replicas | None = None) -> None:
+                 cfg: TranslateConfig, warn: Warn, workers: int = 1,
+                 replicas: Replicas | None = None) -> None:
         self.model, self.dictionary, self.sp, self.cfg, self.warn = model, dictionary, sp, cfg, warn
         self.workers = workers  # batches searched at once (see `translate_ids`)
         self.replicas = replicas  # worker processes that search instead, if any: `close` stops them
@@ -102,7 +103,8 @@ class Translator:
 
     def decode(self, tokens: Sequence[int]) -> str:
         pieces = self.dictionary.decode(tokens)
-        return clean_output(" ".join(pieces) if self.cfg.output_format == "pieces" else self.sp.decode(pieces))
+        return clean_output(" ".join(pieces) if self.cfg.output_format == "pieces"
+                            else self.sp.decode(pieces))
 
     def translate(self, lines: Sequence[str], first_number: int = 1,
                   on_batch: Callable[[int], None] | None = None) -> list[list[tuple[float, str]]]:
@@ -115,7 +117,8 @@ class Translator:
                 sources.append(ids)
                 where.append(i)
         try:
-            found = translate_ids(self.model, sources, self.cfg, on_batch, self.workers, replicas=self.replicas)
+            found = translate_ids(self.model, sources, self.cfg, on_batch, self.workers,
+                                  replicas=self.replicas)
         except BrokenProcessPool:  # only worker processes (--compile) break this way
             raise NmtError(_worker_died("translating")) from None
         results: list[list[tuple[float, str]]] = [[] for _ in lines]
@@ -148,7 +151,8 @@ def _device_and_dtype(cfg: TranslateConfig) -> tuple[torch.device, torch.dtype]:
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         case "cuda":
             if not torch.cuda.is_available():
-                raise NmtError("--device cuda was asked for but no CUDA device is available; use --device cpu")
+                raise NmtError("--device cuda was asked for but no CUDA device is available; "
+                               "use --device cpu")
             device = torch.device("cuda")
         case _:
             device = torch.device("cpu")
@@ -176,7 +180,8 @@ def _check(cfg: TranslateConfig) -> None:
         raise NmtError("max_tokens and chunk_lines must be at least 1")
     if cfg.input is not None and not Path(cfg.input).is_file():
         what = "is a folder" if Path(cfg.input).is_dir() else "does not exist"
-        raise NmtError(f"input file {cfg.input} {what}; give a text file (or leave --input out to read stdin)")
+        raise NmtError(f"input file {cfg.input} {what}; give a text file "
+                       "(or leave --input out to read stdin)")
     if cfg.output is not None:
         check_output_file(cfg.output, "--output")
 
@@ -209,14 +214,15 @@ def load_translator(cfg: TranslateConfig, warn: Warn) -> Translator:
         except BrokenProcessPool:
             raise NmtError(_worker_died("compiling")) from None
         except Exception as e:  # torch.compile fails in many ways (no compiler, an unsupported platform)
-            raise NmtError(f"--compile: torch.compile could not compile the decoder ({describe(e)}); install a C++ "
-                           "compiler (g++, or name yours in $CXX), or translate without --compile") from None
+            raise NmtError(f"--compile: torch.compile could not compile the decoder ({describe(e)}); "
+                           "install a C++ compiler (g++, or name yours in $CXX), "
+                           "or translate without --compile") from None
     return Translator(model, dictionary, sp, cfg, warn, workers, replicas)
 
 
 def _worker_died(doing: str) -> str:
-    return (f"--compile: a worker process stopped while {doing} (killed, or out of memory: each holds a copy of "
-            "the model); give fewer --threads, or translate without --compile")
+    return (f"--compile: a worker process stopped while {doing} (killed, or out of memory: each holds "
+            "a copy of the model); give fewer --threads, or translate without --compile")
 
 
 def _chunks(stream: IO[bytes], size: int) -> Iterator[list[bytes]]:

@@ -2,6 +2,6 @@
 decoder (`transformer`), how its attention and dropout run on each device (`kernels`), and the model
 file every stage reads (`file`).
 
-May import: `nmt_cli.data` (the dictionary), `nmt_cli.config`, `artifacts`, `errors`, `hooks`. Never `training`,
-`inference` or `torch.distributed`: the model knows nothing of DDP, checkpoints or search.
+May import: `nmt_cli.data` (the dictionary), `nmt_cli.config`, `artifacts`, `errors`, `hooks`. Never
+`training`, `inference` or `torch.distributed`: the model knows nothing of DDP, checkpoints or search.
 """

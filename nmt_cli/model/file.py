@@ -99,7 +99,8 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
         raise NmtError(f"{path} is not an nmt checkpoint or model file (no '{FORMAT}' format marker)")
     stored = state.pop("sha256", None)
     if stored != checksum(state):
-        raise NmtError(f"{path} is corrupt: its checksum does not match its contents (damaged on disk or in copy)")
+        raise NmtError(f"{path} is corrupt: its checksum does not match its contents "
+                       "(damaged on disk or in copy)")
     _check_layout(state, path)
     return state
 
@@ -115,15 +116,17 @@ def _check_layout(state: dict[str, Any], path: Path) -> None:
         "model_config": isinstance(state.get("model_config"), dict),
         "dictionary": isinstance(vocab, dict) and isinstance(vocab.get("symbols"), list)
         and isinstance(vocab.get("counts"), list) and len(vocab["symbols"]) == len(vocab["counts"])
-        and all(isinstance(s, str) for s in vocab["symbols"]) and all(type(c) is int for c in vocab["counts"]),
+        and all(isinstance(s, str) for s in vocab["symbols"])
+        and all(type(c) is int for c in vocab["counts"]),
         "spm_model": isinstance(state.get("spm_model"), bytes),
         "meta": isinstance(state.get("meta", {}), dict),
         "train": isinstance(state.get("train", {}), dict),  # its contents are resume.py's to check
     }
     damaged = [name for name, ok in parts.items() if not ok]
     if damaged:
-        raise NmtError(f"{path} is not a usable nmt file: its {', '.join(damaged)} {'is' if len(damaged) == 1 else 'are'} "
-                       "missing or not what nmt writes (was it written by another program or nmt version?)")
+        raise NmtError(f"{path} is not a usable nmt file: its {', '.join(damaged)} "
+                       f"{'is' if len(damaged) == 1 else 'are'} missing or not what nmt writes "
+                       "(was it written by another program or nmt version?)")
 
 
 def _is_zip(path: Path) -> bool:
@@ -133,7 +136,8 @@ def _is_zip(path: Path) -> bool:
         return False
 
 
-def model_state(model: torch.nn.Module, cfg: ModelConfig, dictionary: Dictionary, spm_model: bytes) -> dict[str, Any]:
+def model_state(model: torch.nn.Module, cfg: ModelConfig, dictionary: Dictionary,
+                spm_model: bytes) -> dict[str, Any]:
     """The parts of a file that describe the model: what `translate` and `average` need."""
     return {
         "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
@@ -168,5 +172,6 @@ def load_model(path: Path, device: str | torch.device = "cpu") -> tuple[Transfor
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:
-        raise NmtError(f"{path}: the weights do not fit the stored model config ({str(e).splitlines()[0]})") from None
+        raise NmtError(f"{path}: the weights do not fit the stored model config "
+                       f"({str(e).splitlines()[0]})") from None
     return model.to(device).eval(), dictionary, bytes(state["spm_model"])

@@ -67,7 +67,8 @@ def select_checkpoints(cfg: AverageConfig) -> list[Path]:
         return [p for _, p in found[-cfg.last:]]
     for p in paths:
         if p.is_dir():
-            raise NmtError(f"{p} is a folder; give either one checkpoint folder (with --last) or checkpoint files")
+            raise NmtError(f"{p} is a folder; give either one checkpoint folder (with --last) "
+                           "or checkpoint files")
         if not p.is_file():
             raise NmtError(f"{p} does not exist")
     return paths
@@ -114,8 +115,8 @@ def run(cfg: AverageConfig) -> None:
             else:
                 _check_compatible(first, first["path"], state, path)
             if {k: v.shape for k, v in state["model"].items()} != first["shapes"]:
-                raise NmtError(f"{path}: its weights do not have the names and shapes of those in {first['path']} "
-                               "(the file is damaged, or was not written by nmt)")
+                raise NmtError(f"{path}: its weights do not have the names and shapes of those in "
+                               f"{first['path']} (the file is damaged, or was not written by nmt)")
             averaged.append({"file": str(path), "update": _update_of(state, path)})
             print(f"average: read {path} (update {averaged[-1]['update']})", file=sys.stderr)
             yield state.pop("model")
@@ -123,6 +124,7 @@ def run(cfg: AverageConfig) -> None:
     weights = average_states(states())
     meta = {"averaged": averaged, "updates": [a["update"] for a in averaged],
             "update": max((a["update"] for a in averaged if a["update"] is not None), default=None)}
-    model_file.save(out, {"kind": "model", "meta": meta, "model": weights, "model_config": first["model_config"],
-                          "dictionary": first["dictionary"], "spm_model": bytes(first["spm_model"])})
+    model_file.save(out, {"kind": "model", "meta": meta, "model": weights,
+                          "model_config": first["model_config"], "dictionary": first["dictionary"],
+                          "spm_model": bytes(first["spm_model"])})
     print(f"average: wrote the mean of {len(paths)} checkpoints to {out}", file=sys.stderr)

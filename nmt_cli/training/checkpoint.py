@@ -117,7 +117,8 @@ def load_latest(save_dir: Path) -> tuple[Path, dict[str, Any], list[str]] | None
         return save_dir / BEST, best, problems
     if problems or any(save_dir.glob("checkpoint*.pt")):
         raise NmtError(f"{save_dir} holds checkpoints but none can be resumed from: " + "; ".join(problems)
-                       + ". Move the damaged files away (training then starts afresh) or pass another --save-dir")
+                       + ". Move the damaged files away (training then starts afresh) "
+                         "or pass another --save-dir")
     return None
 
 

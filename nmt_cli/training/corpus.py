@@ -70,7 +70,8 @@ def load(cfg: TrainConfig) -> Corpus:
     sentencepiece_processor(spm_model, str(spm_path), f"run `{redo}` again")
     splits = {}
     for split in ("train", "valid"):
-        src, tgt = IndexedDataset(folder / f"{split}.{src_lang}"), IndexedDataset(folder / f"{split}.{tgt_lang}")
+        src, tgt = (IndexedDataset(folder / f"{split}.{src_lang}"),
+                    IndexedDataset(folder / f"{split}.{tgt_lang}"))
         if len(src) != len(tgt):
             raise NmtError(f"{folder}/{split}.{src_lang} has {len(src)} sentences but {split}.{tgt_lang} has "
                            f"{len(tgt)}; run `nmt binarize` again")
@@ -88,8 +89,8 @@ def _check_ids(data: IndexedDataset, dict_size: int, path: Path) -> None:
     step = 1 << 26
     for start in range(0, len(data.tokens), step):
         if int(data.tokens[start : start + step].max()) >= dict_size:
-            raise NmtError(f"{path} holds token ids beyond the {dict_size} symbols of dict.txt: it does not belong "
-                           "to this dictionary or is damaged; run `nmt binarize` again")
+            raise NmtError(f"{path} holds token ids beyond the {dict_size} symbols of dict.txt: "
+                           "it does not belong to this dictionary or is damaged; run `nmt binarize` again")
 
 
 def plan_split(src: IndexedDataset, tgt: IndexedDataset, max_positions: int, max_tokens: int) -> Split:
@@ -151,7 +152,8 @@ def shortest_example(split: Split) -> np.ndarray:
 def largest_batches(split: Split) -> list[np.ndarray]:
     """The batches most likely to exhaust memory: the most real target tokens (the output layer and
     loss) and the most padded tokens (every other activation)."""
-    padded = [len(b) * (int(split.src.sizes[b].max()) + int(split.tgt.sizes[b].max()) + 2) for b in split.batches]
+    padded = [len(b) * (int(split.src.sizes[b].max()) + int(split.tgt.sizes[b].max()) + 2)
+              for b in split.batches]
     return [split.batches[i] for i in sorted({int(np.argmax(split.tgt_tokens)), int(np.argmax(padded))})]
 
 
@@ -159,7 +161,8 @@ def order_of(split: Split, epoch: int, seed: int) -> np.ndarray:
     return epoch_order(len(split.batches), epoch, seed)
 
 
-def describe_plan(cfg: TrainConfig, data: Corpus, per_node: int, kind: str, params: int, peak_lr: float) -> str:
+def describe_plan(cfg: TrainConfig, data: Corpus, per_node: int, kind: str, params: int,
+                  peak_lr: float) -> str:
     """The dry run's report: model size, devices, batch, accumulation, learning rate, cadence, plan."""
     split, world = data.train, per_node * cfg.launch.nnodes
     M = micro_batches_per_update(cfg.batch, split, world)

@@ -172,7 +172,8 @@ def lost_peer(error: BaseException) -> bool:
     reset; NCCL: the communicator was aborted): that worker's output says why, this one has nothing to add."""
     text = str(error)
     return isinstance(error, dist.DistNetworkError) or (isinstance(error, RuntimeError) and any(
-        sign in text for sign in ("Connection closed by peer", "Connection reset by peer", "communicator was aborted")))
+        sign in text for sign in ("Connection closed by peer", "Connection reset by peer",
+                                  "communicator was aborted")))
 
 
 def teardown(ctx: Context) -> None:

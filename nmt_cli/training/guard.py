@@ -67,18 +67,20 @@ def free_cached_memory(device: torch.device) -> None:
 
 
 def out_of_memory_in_sync(cfg: TrainConfig, rank: int) -> NmtError:
-    return NmtError(f"out of memory in the gradient-synchronising backward pass on rank {rank} (batch.max_tokens="
-                    f"{cfg.batch.max_tokens}): the other workers are already exchanging gradients, so this micro-batch "
-                    "cannot be skipped. Lower --max-tokens (tokens_per_update stays) and rerun the same command "
-                    "to resume from checkpoint_last.pt")
+    return NmtError(f"out of memory in the gradient-synchronising backward pass on rank {rank} "
+                    f"(batch.max_tokens={cfg.batch.max_tokens}): the other workers are already exchanging "
+                    "gradients, so this micro-batch cannot be skipped. Lower --max-tokens (tokens_per_update "
+                    "stays) and rerun the same command to resume from checkpoint_last.pt")
 
 
 def check_out_of_memory(cfg: TrainConfig, c: Counters, saved_update: int) -> None:
-    """Stop when more than `guard.max_oom_fraction` of the micro-batches so far were dropped (one never does)."""
+    """Stop when more than `guard.max_oom_fraction` of the micro-batches so far were dropped (one
+    never does)."""
     if c.oom_micro_batches > max(1.0, cfg.guard.max_oom_fraction * c.micro_batches):
-        raise NmtError(f"update {c.update + 1}: {c.oom_micro_batches} of {c.micro_batches} micro-batches so far "
-                       f"ran out of memory and were skipped, more than guard.max_oom_fraction={cfg.guard.max_oom_fraction:g}. "
-                       f"Lower --max-tokens (now {cfg.batch.max_tokens}; tokens_per_update stays, with more micro-batches "
+        raise NmtError(f"update {c.update + 1}: {c.oom_micro_batches} of {c.micro_batches} micro-batches "
+                       "so far ran out of memory and were skipped, more than "
+                       f"guard.max_oom_fraction={cfg.guard.max_oom_fraction:g}. Lower --max-tokens (now "
+                       f"{cfg.batch.max_tokens}; tokens_per_update stays, with more micro-batches "
                        f"per update) and rerun to resume; {last_checkpoint(cfg, saved_update)}")
 
 
@@ -117,7 +119,8 @@ def report(log: TrainLog, number: int, health: Health, c: Counters, cfg: TrainCo
            scaler: torch.amp.GradScaler) -> None:
     """A warning line for a skipped update and for micro-batches dropped for lack of memory."""
     if not health.finite:
-        limit = (f"fp16 loss scale now {scaler.get_scale():g}, the run stops below {cfg.guard.min_loss_scale:g}"
+        limit = (f"fp16 loss scale now {scaler.get_scale():g}, "
+                 f"the run stops below {cfg.guard.min_loss_scale:g}"
                  if scaler.is_enabled() else f"the run stops after {cfg.guard.max_bad_updates}")
         log.warn(f"update {number}: skipped, {health.describe()} ({c.bad_updates} in a row; {limit})")
     if health.oom_micro_batches:
@@ -135,13 +138,13 @@ def check_nonfinite(cfg: TrainConfig, c: Counters, health: Health, scale: float 
     attempt = c.update + 1
     if scale is not None and scale < cfg.guard.min_loss_scale:
         raise NmtError(f"update {attempt}: the fp16 loss scale fell to {scale:g}, below guard.min_loss_scale="
-                       f"{cfg.guard.min_loss_scale:g}: the gradients overflow again and again ({health.describe()}; "
-                       f"{where()}). Train with --precision bf16 or fp32, or lower the learning rate; "
-                       f"{last_checkpoint(cfg, saved_update)}")
+                       f"{cfg.guard.min_loss_scale:g}: the gradients overflow again and again "
+                       f"({health.describe()}; {where()}). Train with --precision bf16 or fp32, or lower the "
+                       f"learning rate; {last_checkpoint(cfg, saved_update)}")
     if scale is None and c.bad_updates > cfg.guard.max_bad_updates:
-        raise NmtError(f"update {attempt}: {c.bad_updates} updates in a row were skipped for non-finite values "
-                       f"(this one: {health.describe()}); {where()}. Lower the learning rate (or raise "
-                       f"warmup_updates) and rerun to resume; {last_checkpoint(cfg, saved_update)}")
+        raise NmtError(f"update {attempt}: {c.bad_updates} updates in a row were skipped for non-finite "
+                       f"values (this one: {health.describe()}); {where()}. Lower the learning rate "
+                       f"(or raise warmup_updates) and rerun to resume; {last_checkpoint(cfg, saved_update)}")
 
 
 def locate_nonfinite(model: nn.Module, ctx: distributed.Context) -> str:
@@ -181,11 +184,12 @@ def check_replicas(model: nn.Module, scale: float, update: int, ctx: distributed
         return
     sums = torch.stack([p.detach().sum(dtype=torch.float64) for p in model.parameters()])
     prints = distributed.all_gather(np.array([update, scale, *sums.tolist()]), ctx)
-    differing = [rank for rank, other in enumerate(prints) if not np.array_equal(other, prints[0], equal_nan=True)]
+    differing = [rank for rank, other in enumerate(prints)
+                 if not np.array_equal(other, prints[0], equal_nan=True)]
     if differing:
-        raise NmtError(f"update {update}: the workers' weights have drifted apart (rank(s) {differing} differ from "
-                       "rank 0), which DDP never allows: a bug or a hardware fault. Rerun to resume from the last "
-                       "checkpoint, and report it if it happens again")
+        raise NmtError(f"update {update}: the workers' weights have drifted apart (rank(s) {differing} "
+                       "differ from rank 0), which DDP never allows: a bug or a hardware fault. Rerun to "
+                       "resume from the last checkpoint, and report it if it happens again")
 
 
 @contextlib.contextmanager
@@ -199,9 +203,10 @@ def worker_errors(cfg: TrainConfig, ctx: distributed.Context) -> Iterator[None]:
         except RuntimeError as e:  # micro-batches recover (forward_backward); validation or a step may not
             if not is_out_of_memory(e):
                 raise
-            raise NmtError(f"out of memory outside a training micro-batch (validation, an optimizer step) with "
-                           f"batch.max_tokens={cfg.batch.max_tokens} on {ctx.device}: lower --max-tokens (tokens_per_update "
-                           "stays) and rerun the same command to resume from checkpoint_last.pt") from None
+            raise NmtError(f"out of memory outside a training micro-batch (validation, an optimizer step) "
+                           f"with batch.max_tokens={cfg.batch.max_tokens} on {ctx.device}: lower "
+                           "--max-tokens (tokens_per_update stays) and rerun the same command to resume "
+                           "from checkpoint_last.pt") from None
     except NmtError as e:
         if ctx.is_main:
             raise
@@ -211,7 +216,8 @@ def worker_errors(cfg: TrainConfig, ctx: distributed.Context) -> Iterator[None]:
     except Exception as e:
         if not (ctx.distributed and distributed.lost_peer(e)):
             raise
-        print(f"error (rank {ctx.rank}): lost contact with another worker, which stopped (its output says why; "
-              f"here: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}); rerun the same command, or use "
-              f"--max-restarts, to resume from {cfg.save_dir}/checkpoint_last.pt", file=sys.stderr, flush=True)
+        print(f"error (rank {ctx.rank}): lost contact with another worker, which stopped (its output says "
+              f"why; here: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}); rerun the same "
+              f"command, or use --max-restarts, to resume from {cfg.save_dir}/checkpoint_last.pt",
+              file=sys.stderr, flush=True)
         raise SystemExit(1) from None

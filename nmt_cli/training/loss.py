@@ -24,7 +24,8 @@ from torch import Tensor
 from nmt_cli.data.dataset import PAD
 
 
-def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float, pad: int = PAD) -> tuple[Tensor, Tensor]:
+def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float,
+                       pad: int = PAD) -> tuple[Tensor, Tensor]:
     """(smoothed loss, nll), each summed over the positions where ``target != pad``.
 
     logits (..., V) unnormalised scores in any float dtype (the arithmetic is float32); target (...) ids.
@@ -69,7 +70,8 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         for rows in _chunks(logits):
             p = torch.softmax(logits[rows], dim=-1, dtype=torch.float32)  # (n, V)
             p.sub_(eps / V)  # minus q: eps / V everywhere ...
-            p.scatter_add_(1, target[rows, None], torch.full_like(p[:, :1], eps - 1.0))  # ... 1 - eps more at y
+            p.scatter_add_(1, target[rows, None],
+                           torch.full_like(p[:, :1], eps - 1.0))  # ... 1 - eps more at y
             grad[rows] = p.mul_(grad_loss)
         return grad, None, None
 

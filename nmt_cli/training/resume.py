@@ -41,14 +41,16 @@ _FREE_TO_CHANGE = {"data", "save_dir", "threads", "dry_run", "try_largest_batch"
                    "stop", "checkpoint", "valid", "log", "guard", "launch"}
 
 
-def training_checkpoint(step: Step, c: Counters, data: Corpus, rng: list[dict[str, Any]], best: bool) -> dict[str, Any]:
+def training_checkpoint(step: Step, c: Counters, data: Corpus, rng: list[dict[str, Any]],
+                        best: bool) -> dict[str, Any]:
     """The whole state of a run (rank 0's `step`, where it stands, its data) as a checkpoint mapping;
     `rng` holds every rank's random-number state."""
     cfg = step.cfg
     return {
         "kind": "checkpoint",
         **model_state(step.model, cfg.model, data.dictionary, data.spm_model),
-        "meta": {"nmt_version": __version__, "arch": cfg.arch, "src_lang": data.src_lang, "tgt_lang": data.tgt_lang,
+        "meta": {"nmt_version": __version__, "arch": cfg.arch,
+                 "src_lang": data.src_lang, "tgt_lang": data.tgt_lang,
                  "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                  "update": c.update, "epoch": c.epoch, "valid_loss": c.valid_loss, "best": best},
         "train": {
@@ -76,17 +78,20 @@ def apply_resume(step: Step, c: Counters, data: Corpus, state: dict[str, Any]) -
     stored = state["model_config"]
     differing = differing_fields(stored, dataclasses.asdict(cfg.model))
     if differing:
-        raise NmtError(f"{cfg.save_dir} holds checkpoints of another model ({'; '.join(differing)}, checkpoint vs "
-                       "now); use the same model settings to resume, or another --save-dir for a new model")
+        raise NmtError(f"{cfg.save_dir} holds checkpoints of another model ({'; '.join(differing)}, "
+                       "checkpoint vs now); use the same model settings to resume, or another --save-dir "
+                       "for a new model")
     if list(state["dictionary"]["symbols"]) != data.dictionary.symbols:
         raise NmtError(f"the checkpoints in {cfg.save_dir} were trained with another dictionary than "
-                       f"{cfg.data}/dict.txt; resume with the data they were trained on, or use another --save-dir")
+                       f"{cfg.data}/dict.txt; resume with the data they were trained on, "
+                       "or use another --save-dir")
     step.model.load_state_dict(state["model"])
     step.optimizer.load_state_dict(train["optimizer"])
     if step.scaler.is_enabled() and train["scaler"]:
         step.scaler.load_state_dict(train["scaler"])
     c.update, c.epoch, c.epoch_batches_done = train["update"], train["epoch"], train["epoch_batches_done"]
-    c.train_seconds, c.best_valid_loss, c.bad_updates = train["train_seconds"], train["best_valid_loss"], train["bad_updates"]
+    c.train_seconds, c.best_valid_loss, c.bad_updates = (train["train_seconds"], train["best_valid_loss"],
+                                                         train["bad_updates"])
     c.best_valid_bleu = train.get("best_valid_bleu")
     for name in ("skipped_updates", "oom_micro_batches", "micro_batches"):  # absent before these were counted
         setattr(c, name, train.get(name, 0))

@@ -29,7 +29,8 @@ from nmt_cli.training import optim as optim_lib
 from nmt_cli.training.loss import label_smoothed_nll
 
 
-def micro_batch_loss(model: torch.nn.Module, batch: dict[str, Tensor], epsilon: float) -> tuple[Tensor, Tensor]:
+def micro_batch_loss(model: torch.nn.Module, batch: dict[str, Tensor],
+                     epsilon: float) -> tuple[Tensor, Tensor]:
     """(label-smoothed loss, nll) of one micro-batch, summed over its real target tokens."""
     keep = batch["target"] != PAD  # (B, T)
     logits = model(batch["src"], batch["prev"], keep)  # (N, V), only real target positions
@@ -62,7 +63,8 @@ class Step:
         self.optimizer = optim_lib.build_optimizer(self.model.parameters(), cfg.optim)
         self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=self.precision == "fp16")
         self.micro_batches = corpus.micro_batches_per_update(cfg.batch, data.train, ctx.world_size)
-        self.spare = corpus.shortest_example(data.train)  # a rank's zero-weight part in the gradient all-reduce
+        # a rank's zero-weight part in the gradient all-reduce
+        self.spare = corpus.shortest_example(data.train)
 
     def autocast(self) -> Any:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
@@ -72,7 +74,8 @@ class Step:
 
     def batch(self, ids: np.ndarray) -> dict[str, Tensor]:
         arrays = collate(self.train.src, self.train.tgt, ids)
-        return {k: torch.from_numpy(v).to(self.ctx.device, non_blocking=True) for k, v in arrays.items() if k != "ids"}
+        return {k: torch.from_numpy(v).to(self.ctx.device, non_blocking=True)
+                for k, v in arrays.items() if k != "ids"}
 
     def run(self, micro: list[np.ndarray | None], update_tgt_tokens: int, attempt: int, number: int,
             flags: list[float]) -> Outcome:
@@ -130,7 +133,8 @@ class Step:
                 if out is None:
                     raise guard.out_of_memory_in_sync(self.cfg, ctx.rank)
                 if not self._backward(out[0] * weight, sync, at):
-                    dropped, trained = dropped + len(trained) + 1, []  # the gradients hold a part of it: start afresh
+                    # the gradients hold a part of it: start afresh
+                    dropped, trained = dropped + len(trained) + 1, []
                     sums.zero_()
                     self.zero_grad()
                     continue
@@ -149,7 +153,8 @@ class Step:
             if at is not None:
                 replaced = hooks.at("forward_done", attempt=at[0], micro=at[1], rank=self.ctx.rank, loss=loss)
                 loss = loss if replaced is None else replaced
-            return [loss, nll.double(), (batch["target"] != PAD).sum().double(), (batch["src"] != PAD).sum().double()]
+            return [loss, nll.double(), (batch["target"] != PAD).sum().double(),
+                    (batch["src"] != PAD).sum().double()]
         except RuntimeError as e:  # torch.OutOfMemoryError is one
             if not guard.is_out_of_memory(e):
                 raise
@@ -182,16 +187,17 @@ class Step:
             out = self._forward(ids, (0, i))
             if out is None or not self._backward(out[0] / max(float(out[2]), 1.0), True, (0, i)):
                 tokens = int(self.train.tgt.sizes[ids].sum()) + len(ids)
-                raise NmtError(f"a batch of {len(ids)} sentences ({tokens} target tokens) does not fit in the "
-                               f"memory of {device} with batch.max_tokens={cfg.batch.max_tokens} and precision "
-                               f"{self.precision}: lower --max-tokens (tokens_per_update stays)")
+                raise NmtError(f"a batch of {len(ids)} sentences ({tokens} target tokens) does not fit in "
+                               f"the memory of {device} with batch.max_tokens={cfg.batch.max_tokens} and "
+                               f"precision {self.precision}: lower --max-tokens (tokens_per_update stays)")
             self.scaler.step(self.optimizer)  # allocates Adam's moments; a learning rate of 0 moves nothing
             self.scaler.update()
             self.zero_grad()
         gradients = sum(p.numel() * 4 for p in self.model.parameters()) / 2**20
         if device.type == "cuda":
             total = torch.cuda.get_device_properties(device).total_memory
-            used = f"peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB of {total / 2**30:.1f} GiB"
+            used = (f"peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB "
+                    f"of {total / 2**30:.1f} GiB")
         else:  # ru_maxrss is in KiB on Linux
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
             used = f"peak resident memory of this process {rss:.2f} GiB"

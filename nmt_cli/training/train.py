@@ -70,7 +70,8 @@ def train(cfg: TrainConfig) -> None:
 class Trainer:
     """One rank's training run: its epochs of updates, the log, validation and checkpoints."""
 
-    def __init__(self, cfg: TrainConfig, ctx: distributed.Context, data: corpus.Corpus, log: TrainLog) -> None:
+    def __init__(self, cfg: TrainConfig, ctx: distributed.Context, data: corpus.Corpus,
+                 log: TrainLog) -> None:
         self.cfg, self.ctx, self.data, self.log = cfg, ctx, data, log
         self.step = Step(cfg, ctx, data)
         self.model = self.step.model
@@ -101,8 +102,10 @@ class Trainer:
                 log.warn(f"{problem}; skipped it")
             try:
                 notes = apply_resume(self.step, self.counters, self.data, state)
-            except (KeyError, TypeError, ValueError, IndexError) as e:  # a valid checksum over an unknown layout
-                raise NmtError(f"{path} has a training state this nmt cannot resume from ({type(e).__name__}: {e}); "
+            except (KeyError, TypeError, ValueError, IndexError) as e:
+                # a valid checksum over an unknown layout
+                raise NmtError(f"{path} has a training state this nmt cannot resume from "
+                               f"({type(e).__name__}: {e}); "
                                "was it written by another nmt version? Use another --save-dir, or move the "
                                "checkpoints away to start afresh") from None
             for note in notes:
@@ -124,10 +127,12 @@ class Trainer:
         for name, part in (("training", split), ("validation", self.data.valid)):
             if part.skipped:
                 self.log.warn(f"skipped {part.skipped} of {len(part.src)} {name} examples longer than "
-                              f"{min(cfg.model.max_positions, cfg.batch.max_tokens)} tokens (max_positions, max_tokens)")
-        self.log.info(f"parameters={sum(p.numel() for p in self.model.parameters())} devices={self.ctx.world_size} "
-                      f"device={self.ctx.device.type} precision={self.step.precision} "
-                      f"batch.max_tokens={cfg.batch.max_tokens} micro_batches_per_update={self.step.micro_batches} "
+                              f"{min(cfg.model.max_positions, cfg.batch.max_tokens)} tokens "
+                              "(max_positions, max_tokens)")
+        self.log.info(f"parameters={sum(p.numel() for p in self.model.parameters())} "
+                      f"devices={self.ctx.world_size} device={self.ctx.device.type} "
+                      f"precision={self.step.precision} batch.max_tokens={cfg.batch.max_tokens} "
+                      f"micro_batches_per_update={self.step.micro_batches} "
                       f"batches_per_epoch={len(split.batches)}")
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -149,7 +154,8 @@ class Trainer:
     def _finished(self) -> bool:
         c, cfg = self.counters, self.cfg
         out_of_time = cfg.stop.max_time_hours > 0 and c.train_seconds >= cfg.stop.max_time_hours * 3600
-        return bool((cfg.stop.max_update and c.update >= cfg.stop.max_update) or (cfg.stop.max_epoch and c.epoch > cfg.stop.max_epoch)
+        return bool((cfg.stop.max_update and c.update >= cfg.stop.max_update)
+                    or (cfg.stop.max_epoch and c.epoch > cfg.stop.max_epoch)
                     or c.stop_requested or out_of_time)
 
     def _epoch(self) -> bool:
@@ -180,7 +186,8 @@ class Trainer:
         health, scaler = out.health, self.step.scaler
         c.update, c.skipped_updates = c.update + int(out.applied), c.skipped_updates + int(not out.applied)
         c.bad_updates = 0 if health.finite else c.bad_updates + 1
-        c.micro_batches, c.oom_micro_batches = c.micro_batches + planned, c.oom_micro_batches + health.oom_micro_batches
+        c.micro_batches, c.oom_micro_batches = (c.micro_batches + planned,
+                                                c.oom_micro_batches + health.oom_micro_batches)
         guard.report(self.log, number, health, c, cfg, scaler)
         scale = scaler.get_scale() if scaler.is_enabled() else None
         guard.check_nonfinite(cfg, c, health, scale, lambda: guard.locate_nonfinite(self.model, self.ctx),
@@ -197,7 +204,8 @@ class Trainer:
         brings the training time up to date."""
         now, cfg = time.monotonic(), self.cfg
         self.counters.train_seconds = now - self.run_start
-        save = cfg.checkpoint.save_interval_minutes > 0 and now - self.last_save >= cfg.checkpoint.save_interval_minutes * 60
+        save = (cfg.checkpoint.save_interval_minutes > 0
+                and now - self.last_save >= cfg.checkpoint.save_interval_minutes * 60)
         stop = cfg.stop.max_time_hours > 0 and self.counters.train_seconds >= cfg.stop.max_time_hours * 3600
         return [float(save), float(stop)]
 
@@ -208,7 +216,8 @@ class Trainer:
             if cfg.log.interval > 0 and c.update % cfg.log.interval == 0 and self.interval.updates:
                 self.log.record(self.interval.record(c))
                 self.interval.reset()
-        by_updates = applied and cfg.checkpoint.save_interval_updates > 0 and c.update % cfg.checkpoint.save_interval_updates == 0
+        by_updates = (applied and cfg.checkpoint.save_interval_updates > 0
+                      and c.update % cfg.checkpoint.save_interval_updates == 0)
         if by_updates or self.save_due:
             self._save()
         elif applied and cfg.valid.interval_updates > 0 and c.update % cfg.valid.interval_updates == 0:
@@ -242,8 +251,8 @@ class Trainer:
             c.best_valid_bleu = bleu if c.best_valid_bleu is None else max(bleu, c.best_valid_bleu)
         c.valid_loss = loss
         self.log.record({"kind": "valid", "update": c.update, "epoch": c.epoch, "loss": round(loss, 6),
-                         "nll": round(nll, 6), "ppl": round(math.exp(min(nll, 50.0)), 4), "tgt_tokens": int(tokens),
-                         "best_loss": round(c.best_valid_loss, 6),
+                         "nll": round(nll, 6), "ppl": round(math.exp(min(nll, 50.0)), 4),
+                         "tgt_tokens": int(tokens), "best_loss": round(c.best_valid_loss, 6),
                          **({"bleu": bleu, "best_bleu": c.best_valid_bleu} if bleu is not None else {}),
                          "wall_seconds": round(c.train_seconds, 3)})
         return best
@@ -258,7 +267,8 @@ class Trainer:
         rng = distributed.all_gather(rng_state(self.ctx.device), self.ctx)
         if self.ctx.is_main:
             state = training_checkpoint(self.step, c, self.data, rng, best)
-            path = checkpoint.save_training(Path(self.cfg.save_dir), c.update, state, best, self.cfg.checkpoint.keep_last)
+            path = checkpoint.save_training(Path(self.cfg.save_dir), c.update, state, best,
+                                            self.cfg.checkpoint.keep_last)
             self.log.info(f"saved {path}" + (" (best so far)" if best else ""))
         self.saved_update, self.last_save = c.update, time.monotonic()
 
@@ -270,12 +280,14 @@ def print_plan(cfg: TrainConfig) -> None:
     per_node = distributed.processes_per_node(cfg, planning=True)
     with torch.device("meta"):  # counts parameters without allocating them (transformer_big: 213M)
         params = sum(p.numel() for p in Transformer(cfg.model, len(data.dictionary)).parameters())
-    kind = "GPU" if cfg.launch.gpus > 0 or (cfg.launch.nproc == 0 and distributed.use_cuda(cfg)) else "CPU process"
-    print(corpus.describe_plan(cfg, data, per_node, kind, params, optim_lib.peak_learning_rate(cfg.optim, cfg.model.d_model)), flush=True)
+    kind = ("GPU" if cfg.launch.gpus > 0 or (cfg.launch.nproc == 0 and distributed.use_cuda(cfg))
+            else "CPU process")
+    print(corpus.describe_plan(cfg, data, per_node, kind, params,
+                               optim_lib.peak_learning_rate(cfg.optim, cfg.model.d_model)), flush=True)
     if cfg.try_largest_batch:
         if kind == "GPU" and not distributed.use_cuda(cfg):
-            raise NmtError("try_largest_batch runs the largest batch on the GPU it plans for, and torch sees none "
-                           "here: run the dry run on a machine of the kind that will train")
+            raise NmtError("try_largest_batch runs the largest batch on the GPU it plans for, and torch sees "
+                           "none here: run the dry run on a machine of the kind that will train")
         ctx = distributed.Context(0, 1, 0, torch.device("cuda" if kind == "GPU" else "cpu"))
         if cfg.threads > 0:
             torch.set_num_threads(cfg.threads)
@@ -347,9 +359,11 @@ class _Interval:
     def record(self, c: Counters) -> dict[str, Any]:
         v, n = self.values, max(self.updates, 1)
         nll = per_token(v["nll"], int(v["tgt"]))
-        return {"kind": "train", "update": c.update, "epoch": c.epoch, "loss": round(per_token(v["loss"], int(v["tgt"])), 6),
+        return {"kind": "train", "update": c.update, "epoch": c.epoch,
+                "loss": round(per_token(v["loss"], int(v["tgt"])), 6),
                 "nll": round(nll, 6), "ppl": round(math.exp(min(nll, 50.0)), 4), "lr": self.last_lr,
-                "gnorm": round(v["gnorm"] / n, 6), "src_tokens": round(v["src"] / n), "tgt_tokens": round(v["tgt"] / n),
+                "gnorm": round(v["gnorm"] / n, 6),
+                "src_tokens": round(v["src"] / n), "tgt_tokens": round(v["tgt"] / n),
                 "sentences": round(v["sentences"] / n), "updates": self.updates,
                 "skipped_updates": int(v["skipped"]), "oom_micro_batches": int(v["oom"]),
                 "tokens_per_second": round(self.speed(), 1), "wall_seconds": round(c.train_seconds, 3)}

@@ -69,7 +69,8 @@ class TrainLog:
         if self.tensorboard is not None:
             prefix = fields.get("kind", "train")
             for key, value in fields.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("update", "kind"):
+                if (isinstance(value, (int, float)) and not isinstance(value, bool)
+                        and key not in ("update", "kind")):
                     self.tensorboard.add_scalar(f"{prefix}/{key}", value, fields["update"])
 
     def info(self, text: str) -> None:
