@@ -201,3 +201,20 @@ def test_a_checkpoint_with_the_flat_train_config_of_old_resumes_under_the_new_na
     flat |= {"lr": 1.0, "max_update": 5, "valid_bleu": True}  # when to stop and validate may change freely
     notes = _changed_settings(trainer, state)
     assert len(notes) == 1 and "(optim.lr: 1.0 vs 0.0007)" in notes[0], notes
+
+
+def test_a_checkpoint_from_before_table3_settings_resumes(train_data: Path, tmp_path: Path) -> None:
+    """A training checkpoint whose model config lacks d_k, d_v and positions (written before they
+    existed) resumes, and averages with a new one: a missing field is its default, not a difference."""
+    save = tmp_path / "run"
+    nmt("train", train_data, "--save-dir", save, *TINY_TRAIN, "--max-update", "2",
+        "--save-interval-updates", "1")
+    for path in save.glob("checkpoint_[0-9]*.pt"):
+        state = model_file.load(path)
+        for key in ("d_k", "d_v", "positions"):
+            del state["model_config"][key]
+        model_file.save(path, state)
+    (save / LAST).unlink()
+    proc = nmt("train", train_data, "--save-dir", save, *TINY_TRAIN, "--max-update", "3")
+    assert "resuming from" in proc.stderr and "at update 2" in proc.stderr
+    nmt("average", save / "checkpoint_2.pt", save / "checkpoint_3.pt", "--out", tmp_path / "avg.pt")

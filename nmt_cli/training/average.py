@@ -10,6 +10,7 @@ names the checkpoints it averaged.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -76,9 +77,11 @@ def select_checkpoints(cfg: AverageConfig) -> list[Path]:
 
 def _check_compatible(first: dict[str, Any], first_path: Path, other: dict[str, Any], path: Path) -> None:
     """Refuse to average models of different shapes, vocabularies or sentencepiece models."""
-    model_file.model_config_of(other, path)
-    if other["model_config"] != first["model_config"]:
-        fields = "; ".join(model_file.differing_fields(first["model_config"], other["model_config"]))
+    # compared with their defaults filled in, so files of several nmt versions compare by what they hold
+    mine = dataclasses.asdict(model_file.model_config_of(first, first_path))
+    theirs = dataclasses.asdict(model_file.model_config_of(other, path))
+    if mine != theirs:
+        fields = "; ".join(model_file.differing_fields(mine, theirs))
         raise NmtError(f"{first_path} and {path} have different model configs ({fields}); "
                        "only checkpoints of one training run can be averaged")
     if other["dictionary"]["symbols"] != first["dictionary"]["symbols"]:

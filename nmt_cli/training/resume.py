@@ -30,7 +30,7 @@ from nmt_cli import __version__
 from nmt_cli.config.core import flatten, to_dict
 from nmt_cli.config.train import TrainConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.model.file import differing_fields, model_state
+from nmt_cli.model.file import differing_fields, model_config_of, model_state
 from nmt_cli.training.corpus import Corpus
 from nmt_cli.training.counters import Counters
 from nmt_cli.training.step import Step
@@ -75,7 +75,7 @@ def apply_resume(step: Step, c: Counters, data: Corpus, state: dict[str, Any]) -
     """Load `state` into `step` and `c`; returns warnings (continuing, but not bit for bit). Refuses
     a checkpoint of another model or dictionary."""
     cfg, train = step.cfg, state["train"]
-    stored = state["model_config"]
+    stored = dataclasses.asdict(model_config_of(state, cfg.save_dir))  # a field added since: its default
     differing = differing_fields(stored, dataclasses.asdict(cfg.model))
     if differing:
         raise NmtError(f"{cfg.save_dir} holds checkpoints of another model ({'; '.join(differing)}, "
