@@ -183,10 +183,10 @@ def test_json_holds_the_model_weights_for_every_kind(tiny_trained_model: Path, t
         torch.testing.assert_close(weights, expected, atol=1e-5, rtol=1e-4)
 
 
-def _pieces(model_file: Path, text: str) -> list[str]:
+def _pieces(path: Path, text: str) -> list[str]:
     import sentencepiece as spm
 
-    _, _, sp_bytes = model_file.load_model(model_file)
+    _, _, sp_bytes = model_file.load_model(path)
     return spm.SentencePieceProcessor(model_proto=sp_bytes).encode(text, out_type=str)
 
 

@@ -34,7 +34,7 @@ def test_torchrun_gets_the_multi_node_options() -> None:
     args = torchrun_arguments(_cfg(launch=launch), 8)
     flat = " ".join(args)
     for option in ("--nproc-per-node 8", "--nnodes 2", "--node-rank 1", "--rdzv-endpoint node0:29500",
-                   "--max-restarts 3", "-m nmt_cli.training.train data/bin"):
+                   "--max-restarts 3", "-m nmt_cli.worker data/bin"):
         assert option in flat
     single = torchrun_arguments(_cfg(launch=LaunchConfig(nproc=2)), 2)
     assert "--standalone" in single and "--rdzv-endpoint" not in single

@@ -23,10 +23,10 @@ from nmt_cli.inference.translate import Translator, clean_line, run
 from nmt_cli.model import file as model_file
 
 
-def load(model_file: Path, **settings: object) -> Translator:
-    model, dictionary, spm_bytes = model_file.load_model(model_file)
+def load(path: Path, **settings: object) -> Translator:
+    model, dictionary, spm_bytes = model_file.load_model(path)
     sp = spm.SentencePieceProcessor(model_proto=spm_bytes)
-    return Translator(model, dictionary, sp, TranslateConfig(model=model_file, **settings), lambda _: None)
+    return Translator(model, dictionary, sp, TranslateConfig(model=path, **settings), lambda _: None)
 
 
 def test_clean_line_keeps_each_line_one_line() -> None:
