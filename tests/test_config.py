@@ -23,6 +23,24 @@ def test_precedence_defaults_yaml_cli(tmp_path: Path) -> None:
     assert isinstance(cfg.raw, Path)
 
 
+def test_a_yaml_file_includes_another_and_overrides_it_by_section(tmp_path: Path) -> None:
+    (tmp_path / "recipe").mkdir()
+    (tmp_path / "recipe" / "base.yaml").write_text("arch: transformer_base\nmodel:\n  dropout: 0.3\n"
+                                                   "  heads: 8\nstop:\n  max_update: 100\n")
+    row = tmp_path / "recipe" / "row.yaml"
+    row.write_text("include: base.yaml\nmodel:\n  heads: 1\n  d_k: 512\n")
+    cfg = resolve(TrainConfig, row, {"data": "d", "save_dir": "s"}, ["stop.max_update=7"],
+                  base=train_base("transformer_base"))
+    assert (cfg.model.heads, cfg.model.d_k, cfg.model.dropout) == (1, 512, 0.3)  # the group merges
+    assert cfg.stop.max_update == 7  # the command line beats both files
+    (tmp_path / "recipe" / "base.yaml").write_text("include: row.yaml\n")
+    with pytest.raises(NmtError, match="includes itself"):
+        resolve(TrainConfig, row, {"data": "d", "save_dir": "s"})
+    row.write_text("include: [base.yaml]\n")
+    with pytest.raises(NmtError, match="takes the path of one YAML file"):
+        resolve(TrainConfig, row, {"data": "d", "save_dir": "s"})
+
+
 def test_set_overrides_nested_and_converts_types() -> None:
     cfg = resolve(TrainConfig, None, {"data": "d", "save_dir": "s", "batch": {"max_tokens": 1000}},
                   ["model.dropout=0.3", "optim.adam_betas=0.9,0.997", "valid.bleu=yes", "optim.lr=5e-4",

@@ -88,6 +88,49 @@ def test_rerunning_the_recipe_skips_finished_stages(en_de: tuple[Path, str]) -> 
     assert {p: p.stat().st_mtime_ns for p in (work / "bin").iterdir()} == before
 
 
+# One row of each kind table 3 varies (heads with d_k = d_v, d_k alone, depth, learned positions, the
+# big model); all 20 take about 6 minutes here, more than CI's budget allows (`table3.sh --smoke`).
+TABLE3_ROWS = "base A-h32 B-dk16 C-N2 E-learned big"
+
+
+def _table3(work: Path, rows: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["bash", "recipes/wmt14_en_de/table3.sh", "--smoke", "--work", str(work),
+                           "--rows", rows], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, f"table3.sh failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def test_table3_smoke_trains_evaluates_and_tabulates_each_row(en_de: tuple[Path, str]) -> None:
+    """table3.sh --smoke on the recipe's data: each row trained with its own setting (widths / 16),
+    translated and scored on newstest2013, and the table written with the paper's numbers beside."""
+    work, _ = en_de
+    proc = _table3(work, TABLE3_ROWS)
+    table = (work / "table3" / "table3.md").read_text(encoding="utf-8")
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| row")]
+    assert len(rows) == 6 and "| (A) A-h32 | 6 | 32 | 128 | 32 | 1 | 1 | 0.1 | 0.1 | 0.002K |" in table
+    assert "| 4.92 |" in table and "| 213 |" in table  # the paper's base perplexity and big parameters
+    assert "nrefs:1|case:mixed|eff:no|tok:13a" in table  # sacreBLEU's signature
+    settings = {row: model_file.load(work / "table3" / row / "checkpoint_last.pt")["model_config"]
+                for row in TABLE3_ROWS.split()}
+    assert (settings["A-h32"]["heads"], settings["A-h32"]["d_k"]) == (32, 1)
+    assert (settings["B-dk16"]["d_k"], settings["B-dk16"]["d_v"]) == (1, 0)
+    assert settings["C-N2"]["encoder_layers"] == 2 and settings["E-learned"]["positions"] == "learned"
+    assert (settings["big"]["d_model"], settings["big"]["dropout"]) == (64, 0.3)
+    for row in TABLE3_ROWS.split():
+        assert (work / "table3" / row / "newstest2013.de").read_text(encoding="utf-8").count("\n") == 20
+        assert f"== table 3 row {row}: " in proc.stdout
+    hyp = work / "table3" / "base" / "newstest2013.de"
+    before = hyp.stat().st_mtime_ns
+    again = _table3(work, "base")  # a finished row: nothing trained or translated again
+    assert "already trained to update 2" in again.stderr and hyp.stat().st_mtime_ns == before
+
+
+def test_table3_refuses_an_unknown_row(tmp_path: Path) -> None:
+    proc = subprocess.run(["bash", "recipes/wmt14_en_de/table3.sh", "--work", str(tmp_path),
+                           "--rows", "base F"], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "unknown row(s) F" in proc.stderr and not (tmp_path / "bin").exists()
+
+
 def test_real_configuration_plans_eight_gpus(en_de: tuple[Path, str], tmp_path: Path) -> None:
     work, _ = en_de
     for model, peak in (("big", "4.941e-04"), ("base", "6.988e-04")):  # d_model^-0.5 * 4000^-0.5

@@ -276,3 +276,17 @@ def test_time_limits_save_by_the_clock_and_stop(data_dir: Path, tmp_path: Path) 
     again = nmt("train", data_dir, "--save-dir", save, *SMALL, "--max-update", "0", "--max-epoch", "0",
                 "--max-time-hours", "0.001", "--save-interval-minutes", "0.01", "--keep-last", "100")
     assert "nothing to do" in again.stderr  # the time limit counts training time across restarts
+
+
+def test_validation_on_the_first_batches_only(data_dir: Path, tmp_path: Path) -> None:
+    """valid.max_batches=2: the validation loss covers exactly the valid split's first two batches."""
+    from nmt_cli.config.core import resolve
+    from nmt_cli.config.train import TrainConfig, train_base
+    from nmt_cli.training import corpus
+
+    save = tmp_path / "run"
+    nmt("train", data_dir, "--save-dir", save, *SMALL, "--max-update", "1", "--set", "valid.max_batches=2")
+    cfg = resolve(TrainConfig, save / "config.yaml", {}, base=train_base("transformer_tiny"))
+    valid = corpus.load(cfg).valid
+    assert len(valid.batches) > 2
+    assert [r["tgt_tokens"] for r in _records(save, "valid")] == [int(valid.tgt_tokens[:2].sum())]

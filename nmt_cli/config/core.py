@@ -95,9 +95,7 @@ def resolve(cls: type, yaml_file: Path | None, cli: dict[str, Any], sets: list[s
     `cli` holds the Typer options the user gave (None means "not given"); `sets` holds the generic
     ``key=value`` overrides. Both win over the YAML file.
     """
-    layers: list[tuple[str, dict[str, Any]]] = []
-    if yaml_file is not None:
-        layers.append((str(yaml_file), read_yaml(yaml_file)))
+    layers = [] if yaml_file is None else yaml_layers(Path(yaml_file))
     given = {k: v for k, v in cli.items() if v is not None}
     for item in sets or []:
         key, sep, value = item.partition("=")
@@ -106,6 +104,22 @@ def resolve(cls: type, yaml_file: Path | None, cli: dict[str, Any], sets: list[s
         _put_dotted(given, key.strip(), value)
     layers.append(("the command line", given))
     return build(cls, layers, base)
+
+
+def yaml_layers(path: Path, including: tuple[Path, ...] = ()) -> list[tuple[str, dict[str, Any]]]:
+    """The layers of a YAML config, the files it includes first: a top-level ``include: OTHER.yaml``
+    (relative to the file) reads OTHER first and lets this file override it, section by section, so
+    a variation of a recipe names only what it changes."""
+    data = read_yaml(path)
+    parent = data.pop("include", None)
+    if parent is None:
+        return [(str(path), data)]
+    if not isinstance(parent, str):
+        raise NmtError(f"{path}: 'include' takes the path of one YAML file, got {parent!r}")
+    other = path.parent / parent
+    if other.resolve() in (*including, path.resolve()):
+        raise NmtError(f"{path}: 'include: {parent}' includes itself (through {other})")
+    return [*yaml_layers(other, (*including, path.resolve())), (str(path), data)]
 
 
 def read_yaml(path: Path) -> dict[str, Any]:

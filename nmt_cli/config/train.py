@@ -75,6 +75,8 @@ class CheckpointConfig:
 @dataclass
 class ValidConfig:
     interval_updates: int = opt(1000, "validate every this many updates, and at every checkpoint", at_least=0)
+    max_batches: int = opt(0, "validation loss on the first N batches of the valid split only (0: all of "
+                           "it): a quick check, not the dev perplexity", at_least=0)
     bleu: bool = opt(False, "decode the valid split at each validation and log sacreBLEU",
                      flag="--valid-bleu/--no-valid-bleu")
     bleu_sentences: int = opt(0, "decode only the first N valid sentences for BLEU (0: all)", at_least=0)

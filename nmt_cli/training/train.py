@@ -232,7 +232,8 @@ class Trainer:
         split, ctx, c = self.data.valid, self.ctx, self.counters
         self.model.eval()
         sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)
-        for ids in split.batches[ctx.rank :: ctx.world_size]:
+        batches = split.batches[: self.cfg.valid.max_batches or None]
+        for ids in batches[ctx.rank :: ctx.world_size]:
             arrays = collate(split.src, split.tgt, ids)
             batch = {k: torch.from_numpy(v).to(ctx.device) for k, v in arrays.items() if k != "ids"}
             with self.step.autocast():
