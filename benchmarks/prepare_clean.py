@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from sacremoses import MosesPunctNormalizer
 
+from nmt_cli.config.data import PrepareConfig
 from nmt_cli.data import clean
 
 SAMPLE = Path(os.environ.get("NMT_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared/data"))
@@ -39,7 +40,7 @@ def make_corpus(folder: Path, pairs: int) -> tuple[Path, Path]:
 
 def clean_rate(src: Path, tgt: Path, workers: int, pairs: int) -> tuple[float, float]:
     """Pairs per second of wall time, and CPU seconds (this process and its workers) per 1M pairs."""
-    opts = clean.Options("en", "de")
+    opts = clean.Options.of(PrepareConfig(dataset="local", out=Path("unused")), "en", "de")  # the defaults
     start, cpu = time.perf_counter(), os.times()
     with clean.Cleaner(opts, workers) as cleaner, open(os.devnull, "w") as sink:
         cleaner.clean("bench", src, tgt, lambda a, b: sink.write(a + b))

@@ -270,7 +270,8 @@ def test_worker_processes_keep_the_order_and_the_counts(shared_data: Path, tmp_p
     results = []
     for workers in (1, 2):  # 50 chunks of 50 pairs, several in flight at once
         written: list[tuple[str, str]] = []
-        with Cleaner(Options("en", "de", dedup=True), workers, chunk_pairs=50) as cleaner:
+        options = Options.of(PrepareConfig(dataset="local", out=tmp_path, dedup=True), "en", "de")
+        with Cleaner(options, workers, chunk_pairs=50) as cleaner:
             record = cleaner.clean("part", tmp_path / "part.en", tmp_path / "part.de",
                                    lambda a, b, out=written: out.append((a, b)))
         results.append((written, record))

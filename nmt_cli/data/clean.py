@@ -39,6 +39,7 @@ from typing import IO, Any, Literal
 import regex
 from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
+from nmt_cli.config.data import PrepareConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.progress import ProgressReport
 
@@ -53,15 +54,22 @@ _SPACE_RUNS = re.compile(r" {2,}")
 
 @dataclass(frozen=True)
 class Options:
+    """The cleaning steps of a PrepareConfig (which holds their defaults), for one language pair."""
+
     src_lang: str
     tgt_lang: str
-    normalize_punctuation: bool = True
-    remove_non_printing: bool = True
-    drop_empty: bool = True
-    max_words: int = 250
-    max_ratio: float = 1.5
-    dedup: bool = False
-    errors: Errors = "strict"
+    normalize_punctuation: bool
+    remove_non_printing: bool
+    drop_empty: bool
+    max_words: int
+    max_ratio: float
+    dedup: bool
+    errors: Errors
+
+    @classmethod
+    def of(cls, cfg: PrepareConfig, src_lang: str, tgt_lang: str, errors: Errors = "strict") -> Options:
+        return cls(src_lang, tgt_lang, cfg.normalize_punctuation, cfg.remove_non_printing, cfg.drop_empty,
+                   cfg.max_words, cfg.max_ratio, cfg.dedup, errors)
 
     def steps(self) -> list[str]:
         on = {"drop_empty": self.drop_empty, "max_words": self.max_words > 0,

@@ -223,8 +223,7 @@ def _split_writer(stage: StageOutput, split: str, src: str, tgt: str,
 
 def _clean_train(cfg: PrepareConfig, stage: StageOutput, src: str, tgt: str,
                  corpora: list[tuple[str, Path, Path]], errors: clean.Errors) -> None:
-    opts = clean.Options(src, tgt, cfg.normalize_punctuation, cfg.remove_non_printing, cfg.drop_empty,
-                         cfg.max_words, cfg.max_ratio, cfg.dedup, errors)
+    opts = clean.Options.of(cfg, src, tgt, errors)
     records = {}
     origin = [name for name, _, _ in corpora]
     workers = cfg.workers or os.cpu_count() or 1
