@@ -26,7 +26,7 @@ from nmt_cli.config.data import BinarizeConfig, BpeConfig, PrepareConfig
 from nmt_cli.config.evaluation import AttentionConfig, PlotConfig, ScoreConfig
 from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.config.options import command
-from nmt_cli.config.train import AverageConfig, TrainConfig, train_base
+from nmt_cli.config.train import AverageConfig, TrainConfig, resolve_train
 from nmt_cli.errors import NmtError, from_os_error
 
 app = typer.Typer(
@@ -73,9 +73,10 @@ def _run(stage: str, values: dict[str, Any], config: Path | None, sets: list[str
     """Resolve `stage`'s config from `values` (the options given), the YAML file and the --set items,
     and call its module's `run(cfg)`; a user error becomes one red message and exit status 2."""
     try:
-        cfg = resolve(COMMANDS[stage][0], config, values, sets)
-        if stage == "train":  # the arch preset fills `model` first; YAML and command line then override it
-            cfg = resolve(TrainConfig, config, values, sets, base=train_base(cfg.arch))
+        if stage == "train":
+            cfg = resolve_train(config, values, sets)
+        else:
+            cfg = resolve(COMMANDS[stage][0], config, values, sets)
         if stage == "translate":
             # OpenMP threads that spin while waiting burn a core another process needs (translation on
             # shared cores ran many times slower). Read when torch loads; a user's value wins.

@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from nmt_cli.config.core import Device, Precision, opt, required
+from nmt_cli.config.core import Device, Precision, opt, required, resolve
 from nmt_cli.config.model import ARCHS, Arch, ModelConfig
 
 
@@ -174,3 +174,11 @@ class AverageConfig:
     out: Path = required("the averaged, weights-only model file", flag="--out", short="-o")
     last: int = opt(5, "average the last N numbered checkpoints of the folder (paper: 5 base, 20 big)",
                     flag="--last", at_least=1)
+
+
+def resolve_train(yaml_file: Path | None, values: dict[str, Any],
+                  sets: list[str] | None = None) -> TrainConfig:
+    """`nmt train`'s config: the arch preset fills `model` first (the arch itself may come from the YAML
+    or the command line); the YAML file and the command line then override it."""
+    arch = resolve(TrainConfig, yaml_file, values, sets).arch
+    return resolve(TrainConfig, yaml_file, values, sets, base=train_base(arch))

@@ -46,7 +46,6 @@ class Outcome(NamedTuple):
     health: guard.Health
     norm: float  # the gradient norm, before clipping
     lr: float
-    finite_here: bool  # this rank's gradients were finite
     trained: list[np.ndarray]  # the example ids of this rank's micro-batches that were trained
 
 
@@ -105,7 +104,7 @@ class Step:
             optim_lib.set_learning_rate(self.optimizer, lr)
             self.scaler.step(self.optimizer)
         guard.update_loss_scale(self.scaler, health.finite, finite_here)
-        return Outcome(applied, totals, health, float(norm), lr, finite_here, trained)
+        return Outcome(applied, totals, health, float(norm), lr, trained)
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

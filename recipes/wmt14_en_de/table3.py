@@ -23,8 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nmt_cli.config.core import resolve
-from nmt_cli.config.train import TrainConfig, train_base
+from nmt_cli.config.train import TrainConfig, resolve_train
 
 HERE = Path(__file__).resolve().parent
 ROWS = ["base", "A-h1", "A-h4", "A-h16", "A-h32", "B-dk16", "B-dk32", "C-N2", "C-N4", "C-N8", "C-d256",
@@ -45,10 +44,7 @@ SMOKE_SCALE = 16
 
 def row_config(row: str, data: Path, save_dir: Path, sets: list[str]) -> TrainConfig:
     """The row's training config as `nmt train --config table3/ROW.yaml --set ...` resolves it."""
-    path = HERE / "table3" / f"{row}.yaml"
-    given = {"data": data, "save_dir": save_dir}
-    first = resolve(TrainConfig, path, given, sets)
-    return resolve(TrainConfig, path, given, sets, base=train_base(first.arch))
+    return resolve_train(HERE / "table3" / f"{row}.yaml", {"data": data, "save_dir": save_dir}, sets)
 
 
 def parameters(cfg: TrainConfig, data: Path) -> int:
