@@ -66,13 +66,28 @@ def smoke_settings(cfg: TrainConfig) -> list[str]:
     return [f"model.{k}={max(v // SMOKE_SCALE, 1) if v else 0}" for k, v in widths.items()]
 
 
-def nmt(*args: object, capture: bool = False) -> str:
-    """Run an `nmt` command as the recipes do (the `nmt` on PATH, or $NMT); stop the recipe on failure."""
-    command = [os.environ.get("NMT", "nmt"), *map(str, args)]
-    proc = subprocess.run(command, text=True, stdout=subprocess.PIPE if capture else None)
-    if proc.returncode != 0:
-        sys.exit(f"table3: {' '.join(command)} failed (exit status {proc.returncode})")
-    return proc.stdout or ""
+def nmt(*args: object, fresh_process: bool) -> None:
+    """Run an `nmt` command as typed on the command line; stop the recipe on failure. On the CPU the
+    command runs in this process (it parses and fails exactly as the `nmt` program does, and 60
+    starts of torch are most of the smoke's time); with GPUs each command is a process of its own, so
+    that this one holds no GPU memory while the next row trains."""
+    command = [*map(str, args)]
+    if fresh_process:
+        status = subprocess.run([os.environ.get("NMT", "nmt"), *command]).returncode
+    else:
+        import torch
+
+        from nmt_cli.cli import app
+
+        threads = torch.get_num_threads()  # translate sets its own; the next row's training wants ours
+        try:
+            app(command, prog_name="nmt")  # exits as the program does: status 0, 1 or 2, messages printed
+        except SystemExit as done:
+            status = done.code
+        finally:
+            torch.set_num_threads(threads)
+    if status:
+        sys.exit(f"table3: nmt {' '.join(command)} failed (exit status {status})")
 
 
 def run_row(row: str, args: argparse.Namespace, work: Path) -> dict:
@@ -89,15 +104,16 @@ def run_row(row: str, args: argparse.Namespace, work: Path) -> dict:
     train += args.train
     params = parameters(cfg, work / "bin")
     print(f"== table 3 row {row}: {params / 1e6:.2f}M parameters", flush=True)
-    nmt("train", *train)
+    nmt("train", *train, fresh_process=args.gpus_used)
     last, hyp = save / "checkpoint_last.pt", save / "newstest2013.de"
     source, reference = (dev_set(work, lang, save if args.smoke else None) for lang in ("en", "de"))
     if not (hyp.exists() and hyp.stat().st_mtime > last.stat().st_mtime):
         nmt("translate", last, "--input", source, "--output", hyp, "--beam", 4, "--lenpen", 0.6,
-            "--set", "max_len_a=1", "--set", "max_len_b=50")
+            "--set", "max_len_a=1", "--set", "max_len_b=50", fresh_process=args.gpus_used)
     scores = save / "newstest2013.scores.json"
     if not (scores.exists() and scores.stat().st_mtime > hyp.stat().st_mtime):
-        nmt("score", "--hyp", hyp, "--ref", reference, "--langpair", "en-de", "--json", scores)
+        nmt("score", "--hyp", hyp, "--ref", reference, "--langpair", "en-de", "--json", scores,
+            fresh_process=args.gpus_used)
     records = [json.loads(line) for line in (save / "train.jsonl").read_text().splitlines()]
     valid = [r for r in records if r["kind"] == "valid"][-1]
     return {"row": row, "cfg": cfg, "params": params, "ppl": valid["ppl"], "update": valid["update"],
@@ -159,6 +175,7 @@ def main() -> None:
     args.devices = ["--nproc", args.nproc, "--device", "cpu"] if args.nproc else ["--gpus", args.gpus]
     if args.smoke and not args.nproc:
         args.devices = ["--device", "cpu"]
+    args.gpus_used = args.devices[0] == "--gpus"
     data = [opt for name in ("from_dir", "mirror", "checksums") if getattr(args, name)
             for opt in (f"--{name.replace('_dir', '')}", getattr(args, name))]
     if (args.work / "bin" / "manifest.json").exists():
