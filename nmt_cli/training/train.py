@@ -59,7 +59,7 @@ def train(cfg: TrainConfig) -> None:
         with guard.worker_errors(cfg, ctx):
             if cfg.threads > 0:
                 torch.set_num_threads(cfg.threads)
-            trainer = Trainer(cfg, ctx, corpus.load(cfg), log)
+            trainer = Trainer(cfg, ctx, corpus.load(cfg, ctx.world_size), log)
             trainer.start()
             trainer.loop()
     finally:
@@ -277,8 +277,8 @@ class Trainer:
 def print_plan(cfg: TrainConfig) -> None:
     """--dry-run: what training would do on the devices asked for, without starting any; with
     try_largest_batch, whether the largest batch fits on one of them."""
-    data = corpus.load(cfg)
     per_node = distributed.processes_per_node(cfg, planning=True)
+    data = corpus.load(cfg, per_node * cfg.launch.nnodes)
     with torch.device("meta"):  # counts parameters without allocating them (transformer_big: 213M)
         params = sum(p.numel() for p in Transformer(cfg.model, len(data.dictionary)).parameters())
     kind = ("GPU" if cfg.launch.gpus > 0 or (cfg.launch.nproc == 0 and distributed.use_cuda(cfg))
