@@ -278,6 +278,30 @@ def test_time_limits_save_by_the_clock_and_stop(data_dir: Path, tmp_path: Path) 
     assert "nothing to do" in again.stderr  # the time limit counts training time across restarts
 
 
+def test_averaged_checkpoints_follow_updates_and_the_clock_saves_for_crashes_only(data_dir: Path,
+                                                                                 tmp_path: Path) -> None:
+    """The recipes' cadence, run fast: a numbered checkpoint every 4 updates and the clock due after
+    every update. The clock's saves write checkpoint_last.pt only, so `nmt average --last` takes the
+    cadence's checkpoints alone; a run stopped by its time limit resumes from the clock's save."""
+    save = tmp_path / "run"
+    cadence = ["--save-interval-updates", "4", "--save-interval-minutes", "0.00001", "--keep-last", "100"]
+    nmt("train", data_dir, "--save-dir", save, *SMALL, *cadence, "--max-update", "0", "--max-time-hours",
+        "0.0003")
+    stopped = model_file.load(save / "checkpoint_last.pt")["train"]["update"]
+    valid = [r["update"] for r in _records(save, "valid")]
+    assert stopped >= 2 and valid == list(range(2, stopped + 1)), "the clock saves after every update but one"
+    assert all(u % 4 == 0 for u, _ in checkpoint.numbered_checkpoints(save))
+    end = stopped + 6
+    again = nmt("train", data_dir, "--save-dir", save, *SMALL, *cadence, "--max-update", end)
+    assert f"resuming from {save / 'checkpoint_last.pt'} at update {stopped}" in again.stderr
+    numbered = [u for u, _ in checkpoint.numbered_checkpoints(save)]
+    assert numbered == [*range(4, end, 4), end], "the cadence and the end of training, nothing else"
+    nmt("average", save, "--last", "3", "--out", tmp_path / "avg.pt")
+    assert model_file.load(tmp_path / "avg.pt")["meta"]["updates"] == numbered[-3:]
+    too_many = nmt("average", save, "--last", len(numbered) + 1, "--out", tmp_path / "all.pt", check=False)
+    assert_user_error(too_many, f"holds {len(numbered)} numbered checkpoints")
+
+
 def test_validation_on_the_first_batches_only(data_dir: Path, tmp_path: Path) -> None:
     """valid.max_batches=2: the validation loss covers exactly the valid split's first two batches."""
     from nmt_cli.config.core import resolve

@@ -76,7 +76,7 @@ class Trainer:
         self.step = Step(cfg, ctx, data)
         self.model = self.step.model
         self.counters = Counters()
-        self.saved_update = -1
+        self.saved_update, self.saved_numbered = -1, False
         self.interval = _Interval()
         self.save_due = False
         self.run_start = self.last_save = time.monotonic()
@@ -149,7 +149,7 @@ class Trainer:
         while not self._finished():
             if not self._epoch():
                 break
-        self._save()
+        self._save(numbered=self._numbered_at_end())
 
     def _finished(self) -> bool:
         c, cfg = self.counters, self.cfg
@@ -219,7 +219,10 @@ class Trainer:
         by_updates = (applied and cfg.checkpoint.save_interval_updates > 0
                       and c.update % cfg.checkpoint.save_interval_updates == 0)
         if by_updates or self.save_due:
-            self._save()
+            # the clock's saves are numbered only when no update cadence is set (never both kinds in an
+            # average), or at the end of training (written once, numbered)
+            self._save(numbered=by_updates or (self._numbered_at_end() if self._finished() else
+                                               cfg.checkpoint.save_interval_updates == 0))
         elif applied and cfg.valid.interval_updates > 0 and c.update % cfg.valid.interval_updates == 0:
             self._validate()
 
@@ -258,9 +261,20 @@ class Trainer:
                          "wall_seconds": round(c.train_seconds, 3)})
         return best
 
-    def _save(self) -> None:
+    def _numbered_at_end(self) -> bool:
+        """The last save of a run is numbered when training reached its update or epoch limit (the
+        end of the paper's schedule, averaged with the checkpoints before it) or the clock sets the
+        cadence; a run stopped by the time limit or by hand continues later on the cadence."""
+        c, cfg = self.counters, self.cfg
+        done = bool((cfg.stop.max_update and c.update >= cfg.stop.max_update)
+                    or (cfg.stop.max_epoch and c.epoch > cfg.stop.max_epoch))
+        return done or cfg.checkpoint.save_interval_updates == 0
+
+    def _save(self, numbered: bool = True) -> None:
+        """Validate, then write a checkpoint: numbered (the averaging cadence) or checkpoint_last.pt
+        alone (crash safety)."""
         c = self.counters
-        if c.update == self.saved_update:
+        if c.update == self.saved_update and (self.saved_numbered or not numbered):
             return
         best = self._validate()
         guard.check_replicas(self.model, self.step.scaler.get_scale(), c.update, self.ctx)
@@ -269,9 +283,9 @@ class Trainer:
         if self.ctx.is_main:
             state = training_checkpoint(self.step, c, self.data, rng, best)
             path = checkpoint.save_training(Path(self.cfg.save_dir), c.update, state, best,
-                                            self.cfg.checkpoint.keep_last)
+                                            self.cfg.checkpoint.keep_last, numbered)
             self.log.info(f"saved {path}" + (" (best so far)" if best else ""))
-        self.saved_update, self.last_save = c.update, time.monotonic()
+        self.saved_update, self.saved_numbered, self.last_save = c.update, numbered, time.monotonic()
 
 
 def print_plan(cfg: TrainConfig) -> None:
