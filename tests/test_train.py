@@ -65,8 +65,11 @@ def test_training_writes_checkpoints_log_and_config(data_dir: Path, tmp_path: Pa
     train, valid = _records(save), _records(save, "valid")
     assert [r["update"] for r in train] == [1, 2, 3, 4, 5, 6]
     for field in ("update", "epoch", "loss", "nll", "ppl", "lr", "gnorm", "src_tokens", "tgt_tokens",
-                  "tokens_per_second", "wall_seconds"):
+                  "tokens_per_second", "mfu", "wall_seconds"):
         assert field in train[0]
+    # model FLOPs utilisation against the CPU's measured matrix-product peak, in the log too
+    assert all(0 < r["mfu"] < 1 for r in train) and "mfu=" in proc.stderr
+    assert "peak_tflops_per_device=" in proc.stderr and "CPU, measured matrix product" in proc.stderr
     assert [r["update"] for r in valid] == [2, 4, 6] and all("ppl" in r for r in valid)
     config = read_yaml(save / "config.yaml")
     assert config["stop"]["max_update"] == 6 and config["model"]["d_model"] == 32

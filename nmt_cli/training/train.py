@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -26,13 +25,13 @@ from nmt_cli.config.train import TrainConfig
 from nmt_cli.data.dataset import EOS, PAD, collate
 from nmt_cli.errors import NmtError
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.training import checkpoint, corpus, distributed, guard
+from nmt_cli.training import checkpoint, corpus, distributed, flops, guard
 from nmt_cli.training import optim as optim_lib
 from nmt_cli.training.counters import Counters
 from nmt_cli.training.loss import per_token
 from nmt_cli.training.resume import apply_resume, rng_state, training_checkpoint
 from nmt_cli.training.step import Outcome, Step, micro_batch_loss
-from nmt_cli.training.trainlog import JSONL, TrainLog, truncate_after
+from nmt_cli.training.trainlog import JSONL, Interval, TrainLog, truncate_after
 
 
 def run(cfg: TrainConfig) -> None:
@@ -77,7 +76,10 @@ class Trainer:
         self.model = self.step.model
         self.counters = Counters()
         self.saved_update, self.saved_numbered = -1, False
-        self.interval = _Interval()
+        self.peak, self.peak_source = flops.device_peak(ctx.device, self.step.precision)
+        vocab = len(data.dictionary)
+        self.interval = Interval(lambda src, tgt, n: flops.training_flops(cfg.model, vocab, src, tgt, n),
+                                  self.peak * ctx.world_size)
         self.save_due = False
         self.run_start = self.last_save = time.monotonic()
         torch.manual_seed(cfg.seed * 1000 + ctx.rank)  # dropout differs between ranks
@@ -133,7 +135,8 @@ class Trainer:
                       f"devices={self.ctx.world_size} device={self.ctx.device.type} "
                       f"precision={self.step.precision} batch.max_tokens={cfg.batch.max_tokens} "
                       f"micro_batches_per_update={self.step.micro_batches} "
-                      f"batches_per_epoch={len(split.batches)}")
+                      f"batches_per_epoch={len(split.batches)} "
+                      f"peak_tflops_per_device={self.peak / 1e12:.4g} ({self.peak_source})")
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -194,7 +197,7 @@ class Trainer:
                               self.saved_update)
         guard.check_out_of_memory(cfg, c, self.saved_update)
         self.step.zero_grad()
-        self.interval.add(out.totals[:5] if out.applied else None, out.norm, out.lr, health)
+        self.interval.add(out.totals[:5] if out.applied else None, out.norm, out.lr, health.oom_micro_batches)
         c.stop_requested = c.stop_requested or out.totals[9] > 0
         self.save_due = out.totals[8] > 0
         return out.applied
@@ -334,51 +337,3 @@ def validation_bleu(model: Transformer, data: corpus.Corpus, cfg: TrainConfig,
         text.update(share)
     references = [sp.decode(dictionary.decode(split.tgt[i].tolist())) for i in ids]
     return round(sacrebleu.corpus_bleu([text[i] for i in ids], [references]).score, 4)
-
-
-class _Interval:
-    """Sums over the updates since the last log line."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self, sums: dict[str, float] | None = None) -> None:
-        self.values = dict.fromkeys(("loss", "nll", "tgt", "src", "sentences", "gnorm", "updates", "skipped",
-                                     "oom"), 0.0)
-        self.values.update(sums or {})
-        self.clock, self.clock_tgt, self.last_loss, self.last_lr = time.monotonic(), 0.0, 0.0, 0.0
-
-    def add(self, totals: list[float] | None, gnorm: float, lr: float, health: guard.Health) -> None:
-        """One update's sums over all ranks, or None for a skipped update."""
-        self.values["oom"] += health.oom_micro_batches
-        if totals is None:
-            self.values["skipped"] += 1
-            return
-        for key, value in zip(("loss", "nll", "tgt", "src", "sentences"), totals, strict=True):
-            self.values[key] += value
-        self.values["gnorm"] += gnorm
-        self.values["updates"] += 1
-        self.clock_tgt += totals[2]
-        self.last_loss, self.last_lr = per_token(totals[0], int(totals[2])), lr
-
-    @property
-    def updates(self) -> int:
-        return int(self.values["updates"])
-
-    def speed(self) -> float:
-        return self.clock_tgt / max(time.monotonic() - self.clock, 1e-9)
-
-    def sums(self) -> dict[str, float]:
-        return dict(self.values)
-
-    def record(self, c: Counters) -> dict[str, Any]:
-        v, n = self.values, max(self.updates, 1)
-        nll = per_token(v["nll"], int(v["tgt"]))
-        return {"kind": "train", "update": c.update, "epoch": c.epoch,
-                "loss": round(per_token(v["loss"], int(v["tgt"])), 6),
-                "nll": round(nll, 6), "ppl": round(math.exp(min(nll, 50.0)), 4), "lr": self.last_lr,
-                "gnorm": round(v["gnorm"] / n, 6),
-                "src_tokens": round(v["src"] / n), "tgt_tokens": round(v["tgt"] / n),
-                "sentences": round(v["sentences"] / n), "updates": self.updates,
-                "skipped_updates": int(v["skipped"]), "oom_micro_batches": int(v["oom"]),
-                "tokens_per_second": round(self.speed(), 1), "wall_seconds": round(c.train_seconds, 3)}
