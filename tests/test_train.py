@@ -284,7 +284,7 @@ def test_time_limits_save_by_the_clock_and_stop(data_dir: Path, tmp_path: Path) 
 def test_averaged_checkpoints_follow_updates_and_the_clock_saves_for_crashes_only(data_dir: Path,
                                                                                  tmp_path: Path) -> None:
     """The recipes' cadence, run fast: a numbered checkpoint every 4 updates and the clock due after
-    every update. The clock's saves write checkpoint_last.pt only, so `nmt average --last` takes the
+    0.6 ms. The clock's saves write checkpoint_last.pt only, so `nmt average --last` takes the
     cadence's checkpoints alone; a run stopped by its time limit resumes from the clock's save."""
     save = tmp_path / "run"
     cadence = ["--save-interval-updates", "4", "--save-interval-minutes", "0.00001", "--keep-last", "100"]
@@ -292,7 +292,9 @@ def test_averaged_checkpoints_follow_updates_and_the_clock_saves_for_crashes_onl
         "0.0003")
     stopped = model_file.load(save / "checkpoint_last.pt")["train"]["update"]
     valid = [r["update"] for r in _records(save, "valid")]
-    assert stopped >= 2 and valid == list(range(2, stopped + 1)), "the clock saves after every update but one"
+    # the clock is due once an update has run since the last save, and update 2 is off the cadence
+    assert stopped >= 2 and valid[0] == 2 and valid[-1] == stopped
+    assert all(u in valid or u - 1 in valid for u in range(3, stopped + 1)), valid
     assert all(u % 4 == 0 for u, _ in checkpoint.numbered_checkpoints(save))
     end = stopped + 6
     again = nmt("train", data_dir, "--save-dir", save, *SMALL, *cadence, "--max-update", end)
