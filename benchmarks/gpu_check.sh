@@ -22,7 +22,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-$([ -x "$REPO/.venv/bin/python" ] && echo "$REPO/.venv/bin/python" || echo python3)}
 
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
 fail() { echo "gpu_check: $*" >&2; exit 2; }
 
 GPUS="" UPDATES=200 WORK="" KEEP=0

@@ -11,7 +11,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 
 if [ $# -ne 1 ] || [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
-    sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+    awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"
     [ $# -eq 1 ] && exit 0 || exit 2
 fi
 OUT=$1

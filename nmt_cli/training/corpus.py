@@ -233,9 +233,12 @@ def describe_plan(cfg: TrainConfig, data: Corpus, per_node: int, kind: str, para
     save, stop = cfg.checkpoint, cfg.stop
     saves = [f"every {save.save_interval_minutes:g} minutes"] if save.save_interval_minutes > 0 else []
     if save.save_interval_updates > 0:
-        span = (save.keep_last - 1) * save.save_interval_updates
+        kept = save.keep_last
+        if stop.max_update:  # the cadence's checkpoints and the last one
+            kept = min(kept, math.ceil(stop.max_update / save.save_interval_updates))
+        span = max(kept - 1, 0) * save.save_interval_updates
         share = f", {span / stop.max_update:.1%} of {stop.max_update:,} updates" if stop.max_update else ""
-        saves = [f"numbered every {save.save_interval_updates:,} updates (the last {save.keep_last} span "
+        saves = [f"numbered every {save.save_interval_updates:,} updates (the last {kept} span "
                  f"{span:,} updates{share})"] + [f"checkpoint_last.pt {s} (crash safety)" for s in saves]
     epochs = stop.max_update / max(per_epoch, 1)
     stops = [f"{stop.max_update:,} updates (about {epochs:,.1f} epochs)"] if stop.max_update else []
