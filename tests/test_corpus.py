@@ -119,3 +119,54 @@ def test_collate_places_bos_eos_and_padding(data_dir: Path) -> None:
         assert batch["prev"][b, : len(t) + 1].tolist() == [BOS, *t]
         assert batch["target"][b, : len(t) + 1].tolist() == [*t, EOS]
         assert (batch["target"][b, len(t) + 1 :] == PAD).all()
+
+
+@pytest.fixture(scope="module")
+def wmt_lengths(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> corpus.Split:
+    """The WMT14 en-de sample and newstest2013/2014 in the pieces of an 8000-piece BPE model trained on
+    them (smaller than the paper's 37000, so its sentences are, if anything, longer): the lengths the
+    batch plan meets in a real run, as a training split of 16,003 pairs."""
+    import io
+
+    import sentencepiece as spm
+
+    from nmt_cli.data.dataset import IndexedWriter
+
+    names = ["wmt-train-sample-10k/train", "wmt13-newstest2013/en-de/newstest2013",
+             "wmt14-newstest2014/en-de/newstest2014"]
+    text = {lang: [line for name in names
+                   for line in (shared_data / f"{name}.{lang}").read_text(encoding="utf-8").splitlines()]
+            for lang in ("en", "de")}
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(text["en"] + text["de"]), model_writer=model,
+                                   vocab_size=8000, model_type="bpe", input_sentence_size=8000,
+                                   shuffle_input_sentence=True, num_threads=1, minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    out = tmp_path_factory.mktemp("wmt_lengths")
+    for lang in ("en", "de"):
+        ids = sp.encode(text[lang])
+        writer = IndexedWriter(out / f"train.{lang}", np.int32)
+        writer.add_many(np.concatenate([np.array(i, np.int64) for i in ids]), np.array([len(i) for i in ids]))
+        writer.close()
+    src, tgt = IndexedDataset(out / "train.en"), IndexedDataset(out / "train.de")
+    return corpus.plan_split(src, tgt, max_positions=1024, max_tokens=4096)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 8, 16, 64])
+def test_an_update_holds_the_papers_batch_on_any_number_of_devices(wmt_lengths: corpus.Split,
+                                                                   world: int) -> None:
+    """25000 target tokens per update within 5% (section 5.1), planned and as the epoch's updates
+    really hold them, with max_tokens 4096 on 1 to 64 devices: many devices get smaller micro-batches."""
+    batch = BatchConfig()  # the recipes' max_tokens 4096, tokens_per_update 25000
+    train, plan = corpus.plan_train(wmt_lengths, batch, 1024, world)
+    assert abs(plan.tokens_per_update / batch.tokens_per_update - 1) <= corpus.TOLERANCE, plan
+    assert plan.max_tokens <= batch.max_tokens and train.max_tokens == plan.max_tokens
+    assert train.skipped == wmt_lengths.skipped, "a smaller budget leaves no example out"
+    kept = np.concatenate(wmt_lengths.batches)
+    assert sorted(np.concatenate(train.batches).tolist()) == sorted(kept.tolist())
+    n, M = len(train.batches), plan.micro_batches
+    order = corpus.order_of(train, 1, seed=1)
+    full_updates = [corpus.update_tokens(train, order, corpus.update_positions(0, u, world, M, n))[1]
+                    for u in range(n // (world * M))]
+    assert len(full_updates) >= 5, "the epoch should hold several updates"
+    assert abs(np.mean(full_updates) / batch.tokens_per_update - 1) <= corpus.TOLERANCE

@@ -32,7 +32,7 @@ SAVE_EVERY = 3
 # kills land mid-epoch, mid-log-interval and at epoch ends.
 SOAK = [*TINY_TRAIN, "--set", "batch.micro_batches_per_update=2", "--set", "log.interval=2",
         "--save-interval-updates", str(SAVE_EVERY), "--max-update", "30"]
-WALL_CLOCK = {"tokens_per_second", "wall_seconds"}  # the only fields allowed to differ
+WALL_CLOCK = {"tokens_per_second", "mfu", "wall_seconds"}  # the only fields allowed to differ
 
 
 def _jsonl(save_dir: Path) -> list[dict]:
@@ -218,3 +218,22 @@ def test_a_checkpoint_from_before_table3_settings_resumes(train_data: Path, tmp_
     proc = nmt("train", train_data, "--save-dir", save, *TINY_TRAIN, "--max-update", "3")
     assert "resuming from" in proc.stderr and "at update 2" in proc.stderr
     nmt("average", save / "checkpoint_2.pt", save / "checkpoint_3.pt", "--out", tmp_path / "avg.pt")
+
+
+def test_another_number_of_devices_goes_on_from_the_same_share_of_the_epoch() -> None:
+    """More devices may pack the epoch into smaller batches (corpus.plan_train): a resume goes on from
+    the same share of it, and says so; the same batches mean the same place."""
+    from nmt_cli.training.counters import Counters
+    from nmt_cli.training.resume import _same_place
+
+    c = Counters()
+    c.epoch_batches_done = 30
+    data = SimpleNamespace(train=SimpleNamespace(batches=[None] * 200))
+    assert _same_place(c, data, {"batches_per_epoch": 200}) == [] and c.epoch_batches_done == 30
+    notes = _same_place(c, data, {"batches_per_epoch": 100})
+    assert c.epoch_batches_done == 60 and len(notes) == 1 and "200 batches instead of 100" in notes[0]
+    c.epoch_batches_done = 99
+    _same_place(c, SimpleNamespace(train=SimpleNamespace(batches=[None] * 10)), {"batches_per_epoch": 100})
+    assert c.epoch_batches_done == 10, "never past the epoch's end"
+    c.epoch_batches_done = 7
+    assert _same_place(c, data, {}) == [] and c.epoch_batches_done == 7, "a checkpoint from before: as it was"

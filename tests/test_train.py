@@ -65,8 +65,11 @@ def test_training_writes_checkpoints_log_and_config(data_dir: Path, tmp_path: Pa
     train, valid = _records(save), _records(save, "valid")
     assert [r["update"] for r in train] == [1, 2, 3, 4, 5, 6]
     for field in ("update", "epoch", "loss", "nll", "ppl", "lr", "gnorm", "src_tokens", "tgt_tokens",
-                  "tokens_per_second", "wall_seconds"):
+                  "tokens_per_second", "mfu", "wall_seconds"):
         assert field in train[0]
+    # model FLOPs utilisation against the CPU's measured matrix-product peak, in the log too
+    assert all(0 < r["mfu"] < 1 for r in train) and "mfu=" in proc.stderr
+    assert "peak_tflops_per_device=" in proc.stderr and "CPU, measured matrix product" in proc.stderr
     assert [r["update"] for r in valid] == [2, 4, 6] and all("ppl" in r for r in valid)
     config = read_yaml(save / "config.yaml")
     assert config["stop"]["max_update"] == 6 and config["model"]["d_model"] == 32
@@ -276,6 +279,32 @@ def test_time_limits_save_by_the_clock_and_stop(data_dir: Path, tmp_path: Path) 
     again = nmt("train", data_dir, "--save-dir", save, *SMALL, "--max-update", "0", "--max-epoch", "0",
                 "--max-time-hours", "0.001", "--save-interval-minutes", "0.01", "--keep-last", "100")
     assert "nothing to do" in again.stderr  # the time limit counts training time across restarts
+
+
+def test_averaged_checkpoints_follow_updates_and_the_clock_saves_for_crashes_only(data_dir: Path,
+                                                                                 tmp_path: Path) -> None:
+    """The recipes' cadence, run fast: a numbered checkpoint every 4 updates and the clock due after
+    0.6 ms. The clock's saves write checkpoint_last.pt only, so `nmt average --last` takes the
+    cadence's checkpoints alone; a run stopped by its time limit resumes from the clock's save."""
+    save = tmp_path / "run"
+    cadence = ["--save-interval-updates", "4", "--save-interval-minutes", "0.00001", "--keep-last", "100"]
+    nmt("train", data_dir, "--save-dir", save, *SMALL, *cadence, "--max-update", "0", "--max-time-hours",
+        "0.0003")
+    stopped = model_file.load(save / "checkpoint_last.pt")["train"]["update"]
+    valid = [r["update"] for r in _records(save, "valid")]
+    # the clock is due once an update has run since the last save, and update 2 is off the cadence
+    assert stopped >= 2 and valid[0] == 2 and valid[-1] == stopped
+    assert all(u in valid or u - 1 in valid for u in range(3, stopped + 1)), valid
+    assert all(u % 4 == 0 for u, _ in checkpoint.numbered_checkpoints(save))
+    end = max(stopped + 3, 9)  # at least three numbered checkpoints: 4, 8 and the end
+    again = nmt("train", data_dir, "--save-dir", save, *SMALL, *cadence, "--max-update", end)
+    assert f"resuming from {save / 'checkpoint_last.pt'} at update {stopped}" in again.stderr
+    numbered = [u for u, _ in checkpoint.numbered_checkpoints(save)]
+    assert numbered == [*range(4, end, 4), end], "the cadence and the end of training, nothing else"
+    nmt("average", save, "--last", "3", "--out", tmp_path / "avg.pt")
+    assert model_file.load(tmp_path / "avg.pt")["meta"]["updates"] == numbered[-3:]
+    too_many = nmt("average", save, "--last", len(numbered) + 1, "--out", tmp_path / "all.pt", check=False)
+    assert_user_error(too_many, f"holds {len(numbered)} numbered checkpoints")
 
 
 def test_validation_on_the_first_batches_only(data_dir: Path, tmp_path: Path) -> None:

@@ -31,10 +31,13 @@ def numbered_checkpoints(save_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def save_training(save_dir: Path, update: int, state: dict[str, Any], best: bool, keep_last: int) -> Path:
+def save_training(save_dir: Path, update: int, state: dict[str, Any], best: bool, keep_last: int,
+                  numbered: bool = True) -> Path:
     """Write checkpoint_{update}.pt, then checkpoint_last.pt as a second, independent copy of it,
     point checkpoint_best.pt at it when `best`, and delete all but the newest `keep_last` numbered
-    checkpoints.
+    checkpoints. With `numbered` False (a save for crash safety only, off the averaging cadence),
+    write checkpoint_last.pt alone: `nmt average --last N` reads only numbered checkpoints, so
+    such a save never enters an average.
 
     checkpoint_last.pt is a copy, not a link: damage to one file (a flipped bit on disk, a file
     truncated by hand or by a full disk) then leaves the other intact, and a resume loses nothing.
@@ -44,6 +47,11 @@ def save_training(save_dir: Path, update: int, state: dict[str, Any], best: bool
     `load_latest` then takes whichever intact file is newest.
     """
     save_dir = Path(save_dir)
+    if not numbered:
+        save(save_dir / LAST, state)
+        if best:  # a hard link keeps this file's content when checkpoint_last.pt is next replaced
+            _replace_with(save_dir / LAST, save_dir / BEST)
+        return save_dir / LAST
     path = save_dir / f"checkpoint_{update}.pt"
     save(path, state)
     hooks.at("checkpoint_saved", path=path)  # tests: a crash before checkpoint_last.pt is

@@ -10,7 +10,10 @@ epoch and how many batches of that epoch are done.
 - Epoch: the batches in an order drawn from (seed, epoch) (data.epoch_order).
 - Update: the next W * M batches of that order (W ranks, M micro-batches each), dealt round-robin,
   so rank r's micro-batch i of the update is position start + i * W + r.
-  M follows from `tokens_per_update`. Every rank ends each update with one synchronised backward
+  M follows from `tokens_per_update`; where even one micro-batch per rank would overshoot it by more
+  than `TOLERANCE` (many devices), the training batches are packed under a smaller budget than
+  `max_tokens` so that W * M micro-batches hold `tokens_per_update` (`plan_train`). Every rank ends
+  each update with one synchronised backward
   pass (the gradient all-reduce); a rank left without batches at the end of an epoch runs one
   zero-weight micro-batch of the shortest example for it (`shortest_example`).
 """
@@ -40,6 +43,30 @@ class Split:
     src_tokens: np.ndarray  # (number of batches,) real source tokens per batch
     tgt_tokens: np.ndarray  # (number of batches,) real target tokens per batch
     skipped: int  # examples left out for being too long
+    max_tokens: int = 0  # the padded-token budget its batches were packed under
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdatePlan:
+    """How the training batches make updates on `world_size` ranks."""
+
+    world_size: int
+    micro_batches: int  # M, per rank per update
+    max_tokens: int  # the budget of one micro-batch (batch.max_tokens, or less to hold tokens_per_update)
+    tokens_per_update: float  # planned: W * M * the mean real target tokens of a batch
+
+    def describe(self, batch: BatchConfig) -> str:
+        share = self.tokens_per_update / batch.tokens_per_update - 1
+        shrunk = (f"; micro-batch budget lowered from {batch.max_tokens:,} to {self.max_tokens:,} tokens "
+                  "to hold it" if self.max_tokens < batch.max_tokens else "")
+        return (f"tokens per update: {batch.tokens_per_update:,} asked; {self.tokens_per_update:,.0f} real "
+                f"target tokens planned ({share:+.1%}: {self.world_size} devices x {self.micro_batches} x "
+                f"{self.tokens_per_update / (self.world_size * self.micro_batches):,.0f}){shrunk}")
+
+
+# How far the planned target tokens of an update may be from tokens_per_update before the planner
+# packs smaller micro-batches.
+TOLERANCE = 0.05
 
 
 @dataclasses.dataclass
@@ -51,10 +78,12 @@ class Corpus:
     spm_model: bytes
     train: Split
     valid: Split
+    plan: UpdatePlan
 
 
-def load(cfg: TrainConfig) -> Corpus:
-    """Read the folder written by `nmt binarize` and plan the batches of train and valid."""
+def load(cfg: TrainConfig, world_size: int = 1) -> Corpus:
+    """Read the folder written by `nmt binarize` and plan the batches of train (for `world_size`
+    ranks) and valid."""
     folder = Path(cfg.data)
     redo = f"nmt binarize BPE_FOLDER --out {folder}"
     manifest = read_manifest(folder, "binarize", redo)
@@ -80,7 +109,8 @@ def load(cfg: TrainConfig) -> Corpus:
         for lang, data in ((src_lang, src), (tgt_lang, tgt)):
             _check_ids(data, len(dictionary), folder / f"{split}.{lang}.bin")
         splits[split] = plan_split(src, tgt, cfg.model.max_positions, cfg.batch.max_tokens)
-    return Corpus(folder, src_lang, tgt_lang, dictionary, spm_model, splits["train"], splits["valid"])
+    train, plan = plan_train(splits["train"], cfg.batch, cfg.model.max_positions, world_size)
+    return Corpus(folder, src_lang, tgt_lang, dictionary, spm_model, train, splits["valid"], plan)
 
 
 def _check_ids(data: IndexedDataset, dict_size: int, path: Path) -> None:
@@ -93,24 +123,57 @@ def _check_ids(data: IndexedDataset, dict_size: int, path: Path) -> None:
                            "it does not belong to this dictionary or is damaged; run `nmt binarize` again")
 
 
-def plan_split(src: IndexedDataset, tgt: IndexedDataset, max_positions: int, max_tokens: int) -> Split:
+def plan_split(src: IndexedDataset, tgt: IndexedDataset, max_positions: int, max_tokens: int,
+               budget: int | None = None) -> Split:
+    """Examples longer than `max_tokens` (or the model) left out, the rest packed under `budget`
+    padded tokens (default `max_tokens`; an example longer than a smaller budget gets a batch alone)."""
     src_sizes, tgt_sizes = src.sizes.astype(np.int64) + 1, tgt.sizes.astype(np.int64) + 1  # + EOS
     kept, skipped = filter_by_size(src_sizes, tgt_sizes, max_positions, max_tokens)
-    batches = batch_by_size(kept, src_sizes, tgt_sizes, max_tokens)
+    batches = batch_by_size(kept, src_sizes, tgt_sizes, budget or max_tokens)
     src_tokens = np.array([src_sizes[b].sum() for b in batches], np.int64)
     tgt_tokens = np.array([tgt_sizes[b].sum() for b in batches], np.int64)
-    return Split(src, tgt, batches, src_tokens, tgt_tokens, len(skipped))
+    return Split(src, tgt, batches, src_tokens, tgt_tokens, len(skipped), budget or max_tokens)
 
 
 def micro_batches_per_update(batch: BatchConfig, split: Split, world_size: int) -> int:
     """M, so that W ranks * M micro-batches hold about `tokens_per_update` real target tokens,
     estimated from the mean target tokens of the planned batches (or given as
-    batch.micro_batches_per_update)."""
+    batch.micro_batches_per_update): the nearest M when it lands within TOLERANCE, else the
+    smallest M that reaches it (`plan_train` then packs smaller micro-batches)."""
     if batch.micro_batches_per_update > 0:
         return batch.micro_batches_per_update
     mean = split.tgt_tokens.mean() if len(split.batches) else 1.0
-    wanted = max(1, round(batch.tokens_per_update / (world_size * mean)))
+    exact = batch.tokens_per_update / (world_size * mean)
+    nearest = round(exact)
+    wanted = nearest if nearest >= 1 and abs(nearest / exact - 1) <= TOLERANCE else math.ceil(exact)
     return min(wanted, math.ceil(len(split.batches) / world_size))  # an update never exceeds an epoch
+
+
+def plan_train(split: Split, batch: BatchConfig, max_positions: int,
+               world_size: int) -> tuple[Split, UpdatePlan]:
+    """The training batches and M for `world_size` ranks. When W * M micro-batches of `max_tokens`
+    would hold more than tokens_per_update (+ TOLERANCE), the batches are packed again under the
+    budget whose mean real target tokens are tokens_per_update / (W * M): found by a few secant
+    steps on the budget (each a pass of batch_by_size), inside a shrinking bracket."""
+    M = micro_batches_per_update(batch, split, world_size)
+    goal = batch.tokens_per_update / (world_size * M)
+    best = split
+    if len(split.batches) and split.tgt_tokens.mean() > goal * (1 + TOLERANCE):
+        low, high, budget = 1, batch.max_tokens, batch.max_tokens * goal / split.tgt_tokens.mean()
+        for _ in range(12):
+            budget = int(min(max(budget, low + 1), high - 1))
+            if not low < budget < high:
+                break
+            trial = plan_split(split.src, split.tgt, max_positions, batch.max_tokens, budget)
+            mean = trial.tgt_tokens.mean()
+            if abs(mean / goal - 1) < abs(best.tgt_tokens.mean() / goal - 1):
+                best = trial
+            if abs(mean / goal - 1) <= TOLERANCE / 3:
+                break
+            low, high = (low, budget) if mean > goal else (budget, high)
+            budget = budget * goal / mean
+    planned = world_size * M * float(best.tgt_tokens.mean()) if len(best.batches) else 0.0
+    return best, UpdatePlan(world_size, M, best.max_tokens, planned)
 
 
 def updates_per_epoch(n_batches: int, world_size: int, micro_batches: int, start: int = 0) -> int:
@@ -164,13 +227,19 @@ def order_of(split: Split, epoch: int, seed: int) -> np.ndarray:
 def describe_plan(cfg: TrainConfig, data: Corpus, per_node: int, kind: str, params: int,
                   peak_lr: float) -> str:
     """The dry run's report: model size, devices, batch, accumulation, learning rate, cadence, plan."""
-    split, world = data.train, per_node * cfg.launch.nnodes
-    M = micro_batches_per_update(cfg.batch, split, world)
+    split, world, M = data.train, data.plan.world_size, data.plan.micro_batches
+    assert world == per_node * cfg.launch.nnodes, "the corpus was planned for another number of devices"
     per_epoch = updates_per_epoch(len(split.batches), world, M)
-    mean = float(split.tgt_tokens.mean())
     save, stop = cfg.checkpoint, cfg.stop
     saves = [f"every {save.save_interval_minutes:g} minutes"] if save.save_interval_minutes > 0 else []
-    saves += [f"every {save.save_interval_updates} updates"] if save.save_interval_updates > 0 else []
+    if save.save_interval_updates > 0:
+        kept = save.keep_last
+        if stop.max_update:  # the cadence's checkpoints and the last one
+            kept = min(kept, math.ceil(stop.max_update / save.save_interval_updates))
+        span = max(kept - 1, 0) * save.save_interval_updates
+        share = f", {span / stop.max_update:.1%} of {stop.max_update:,} updates" if stop.max_update else ""
+        saves = [f"numbered every {save.save_interval_updates:,} updates (the last {kept} span "
+                 f"{span:,} updates{share})"] + [f"checkpoint_last.pt {s} (crash safety)" for s in saves]
     epochs = stop.max_update / max(per_epoch, 1)
     stops = [f"{stop.max_update:,} updates (about {epochs:,.1f} epochs)"] if stop.max_update else []
     stops += [f"{stop.max_epoch} epochs ({stop.max_epoch * per_epoch:,} updates)"] if stop.max_epoch else []
@@ -181,8 +250,7 @@ def describe_plan(cfg: TrainConfig, data: Corpus, per_node: int, kind: str, para
         f"devices: {world} ({cfg.launch.nnodes} node(s) x {per_node} {units})",
         f"max_tokens per device: {cfg.batch.max_tokens:,} (one micro-batch, padding included)",
         f"accumulation: {M} micro-batch(es) per device per update",
-        f"tokens per update: {cfg.batch.tokens_per_update:,} asked; about {world * M * mean:,.0f} real "
-        f"target tokens planned ({world} devices x {M} x {mean:,.0f})",
+        data.plan.describe(cfg.batch),
         f"peak learning rate: {peak_lr:.3e} at update {cfg.optim.warmup_updates} ({cfg.optim.lr_schedule} "
         "schedule)",
         f"checkpoints: {' and '.join(saves) or 'at the end only'}, keep the last {save.keep_last}, plus "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import inspect
 import logging
 import os
 from collections.abc import Iterator
@@ -188,7 +189,12 @@ def wrap(model: nn.Module, ctx: Context) -> nn.Module:
         return model
     ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     # the only buffer is the sinusoid table, the same on every worker: no need to sync it at each forward
-    return DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False)
+    # (torch before 2.7 names that broadcast_buffers, which later versions still take)
+    no_sync = ("forward_sync_buffers" if "forward_sync_buffers" in _DDP_PARAMETERS else "broadcast_buffers")
+    return DistributedDataParallel(model, device_ids=ids, **{no_sync: False})
+
+
+_DDP_PARAMETERS = inspect.signature(DistributedDataParallel.__init__).parameters
 
 
 @contextlib.contextmanager

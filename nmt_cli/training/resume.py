@@ -8,7 +8,7 @@ Layout of a training checkpoint (see `model.file` for the file format and the mo
     "train": {"config": the resolved TrainConfig as a mapping of its sections (flat in older checkpoints),
               "update", "epoch", "epoch_batches_done", "train_seconds", "best_valid_loss", "best_valid_bleu",
               "bad_updates", "skipped_updates", "oom_micro_batches", "micro_batches" (see guard.py),
-              "world_size", "micro_batches_per_update", "precision",
+              "world_size", "micro_batches_per_update", "batches_per_epoch", "precision",
               "optimizer": optimizer.state_dict(), "scaler": GradScaler.state_dict() ({} unless fp16),
               "lr": the rate of the last step (the schedule itself is a pure function of "update"),
               "rng": [{"torch": CPU generator state, "cuda": GPU generator state or None}, one per rank],
@@ -61,6 +61,7 @@ def training_checkpoint(step: Step, c: Counters, data: Corpus, rng: list[dict[st
             "skipped_updates": c.skipped_updates, "oom_micro_batches": c.oom_micro_batches,
             "micro_batches": c.micro_batches,
             "world_size": step.ctx.world_size, "micro_batches_per_update": step.micro_batches,
+            "batches_per_epoch": len(data.train.batches),
             "precision": step.precision,
             "optimizer": step.optimizer.state_dict(),
             "scaler": step.scaler.state_dict() if step.scaler.is_enabled() else {},
@@ -96,7 +97,18 @@ def apply_resume(step: Step, c: Counters, data: Corpus, state: dict[str, Any]) -
     for name in ("skipped_updates", "oom_micro_batches", "micro_batches"):  # absent before these were counted
         setattr(c, name, train.get(name, 0))
     c.log_sums = dict(train["log_sums"])
-    return _restore_rng(step, train["rng"]) + _changed_settings(step, train)
+    return _restore_rng(step, train["rng"]) + _changed_settings(step, train) + _same_place(c, data, train)
+
+
+def _same_place(c: Counters, data: Corpus, train: dict[str, Any]) -> list[str]:
+    """Another number of devices may pack the batches under another budget (corpus.plan_train): the
+    epoch then goes on from the same share of its batches."""
+    before, now = train.get("batches_per_epoch", len(data.train.batches)), len(data.train.batches)
+    if before == now:
+        return []
+    c.epoch_batches_done = min(round(c.epoch_batches_done * now / before), now)
+    return [f"the epoch now has {now} batches instead of {before} (another number of devices packs smaller "
+            f"or larger micro-batches): it goes on from batch {c.epoch_batches_done}, the same share of it"]
 
 
 def rng_state(device: torch.device) -> dict[str, Tensor | None]:

@@ -61,7 +61,7 @@ class Step:
         self.ddp = distributed.wrap(self.model, ctx)
         self.optimizer = optim_lib.build_optimizer(self.model.parameters(), cfg.optim)
         self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=self.precision == "fp16")
-        self.micro_batches = corpus.micro_batches_per_update(cfg.batch, data.train, ctx.world_size)
+        self.micro_batches = data.plan.micro_batches  # planned for ctx.world_size ranks (corpus.load)
         # a rank's zero-weight part in the gradient all-reduce
         self.spare = corpus.shortest_example(data.train)
 

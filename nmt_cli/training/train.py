@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -26,13 +25,13 @@ from nmt_cli.config.train import TrainConfig
 from nmt_cli.data.dataset import EOS, PAD, collate
 from nmt_cli.errors import NmtError
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.training import checkpoint, corpus, distributed, guard
+from nmt_cli.training import checkpoint, corpus, distributed, flops, guard
 from nmt_cli.training import optim as optim_lib
 from nmt_cli.training.counters import Counters
 from nmt_cli.training.loss import per_token
 from nmt_cli.training.resume import apply_resume, rng_state, training_checkpoint
 from nmt_cli.training.step import Outcome, Step, micro_batch_loss
-from nmt_cli.training.trainlog import JSONL, TrainLog, truncate_after
+from nmt_cli.training.trainlog import JSONL, Interval, TrainLog, truncate_after
 
 
 def run(cfg: TrainConfig) -> None:
@@ -59,7 +58,7 @@ def train(cfg: TrainConfig) -> None:
         with guard.worker_errors(cfg, ctx):
             if cfg.threads > 0:
                 torch.set_num_threads(cfg.threads)
-            trainer = Trainer(cfg, ctx, corpus.load(cfg), log)
+            trainer = Trainer(cfg, ctx, corpus.load(cfg, ctx.world_size), log)
             trainer.start()
             trainer.loop()
     finally:
@@ -76,8 +75,11 @@ class Trainer:
         self.step = Step(cfg, ctx, data)
         self.model = self.step.model
         self.counters = Counters()
-        self.saved_update = -1
-        self.interval = _Interval()
+        self.saved_update, self.saved_numbered = -1, False
+        self.peak, self.peak_source = flops.device_peak(ctx.device, self.step.precision)
+        vocab = len(data.dictionary)
+        self.interval = Interval(lambda src, tgt, n: flops.training_flops(cfg.model, vocab, src, tgt, n),
+                                  self.peak * ctx.world_size)
         self.save_due = False
         self.run_start = self.last_save = time.monotonic()
         torch.manual_seed(cfg.seed * 1000 + ctx.rank)  # dropout differs between ranks
@@ -133,7 +135,8 @@ class Trainer:
                       f"devices={self.ctx.world_size} device={self.ctx.device.type} "
                       f"precision={self.step.precision} batch.max_tokens={cfg.batch.max_tokens} "
                       f"micro_batches_per_update={self.step.micro_batches} "
-                      f"batches_per_epoch={len(split.batches)}")
+                      f"batches_per_epoch={len(split.batches)} "
+                      f"peak_tflops_per_device={self.peak / 1e12:.4g} ({self.peak_source})")
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -149,7 +152,7 @@ class Trainer:
         while not self._finished():
             if not self._epoch():
                 break
-        self._save()
+        self._save(numbered=self._numbered_at_end())
 
     def _finished(self) -> bool:
         c, cfg = self.counters, self.cfg
@@ -194,7 +197,7 @@ class Trainer:
                               self.saved_update)
         guard.check_out_of_memory(cfg, c, self.saved_update)
         self.step.zero_grad()
-        self.interval.add(out.totals[:5] if out.applied else None, out.norm, out.lr, health)
+        self.interval.add(out.totals[:5] if out.applied else None, out.norm, out.lr, health.oom_micro_batches)
         c.stop_requested = c.stop_requested or out.totals[9] > 0
         self.save_due = out.totals[8] > 0
         return out.applied
@@ -219,7 +222,10 @@ class Trainer:
         by_updates = (applied and cfg.checkpoint.save_interval_updates > 0
                       and c.update % cfg.checkpoint.save_interval_updates == 0)
         if by_updates or self.save_due:
-            self._save()
+            # the clock's saves are numbered only when no update cadence is set (never both kinds in an
+            # average), or at the end of training (written once, numbered)
+            self._save(numbered=by_updates or (self._numbered_at_end() if self._finished() else
+                                               cfg.checkpoint.save_interval_updates == 0))
         elif applied and cfg.valid.interval_updates > 0 and c.update % cfg.valid.interval_updates == 0:
             self._validate()
 
@@ -258,9 +264,20 @@ class Trainer:
                          "wall_seconds": round(c.train_seconds, 3)})
         return best
 
-    def _save(self) -> None:
+    def _numbered_at_end(self) -> bool:
+        """The last save of a run is numbered when training reached its update or epoch limit (the
+        end of the paper's schedule, averaged with the checkpoints before it) or the clock sets the
+        cadence; a run stopped by the time limit or by hand continues later on the cadence."""
+        c, cfg = self.counters, self.cfg
+        done = bool((cfg.stop.max_update and c.update >= cfg.stop.max_update)
+                    or (cfg.stop.max_epoch and c.epoch > cfg.stop.max_epoch))
+        return done or cfg.checkpoint.save_interval_updates == 0
+
+    def _save(self, numbered: bool = True) -> None:
+        """Validate, then write a checkpoint: numbered (the averaging cadence) or checkpoint_last.pt
+        alone (crash safety)."""
         c = self.counters
-        if c.update == self.saved_update:
+        if c.update == self.saved_update and (self.saved_numbered or not numbered):
             return
         best = self._validate()
         guard.check_replicas(self.model, self.step.scaler.get_scale(), c.update, self.ctx)
@@ -269,16 +286,16 @@ class Trainer:
         if self.ctx.is_main:
             state = training_checkpoint(self.step, c, self.data, rng, best)
             path = checkpoint.save_training(Path(self.cfg.save_dir), c.update, state, best,
-                                            self.cfg.checkpoint.keep_last)
+                                            self.cfg.checkpoint.keep_last, numbered)
             self.log.info(f"saved {path}" + (" (best so far)" if best else ""))
-        self.saved_update, self.last_save = c.update, time.monotonic()
+        self.saved_update, self.saved_numbered, self.last_save = c.update, numbered, time.monotonic()
 
 
 def print_plan(cfg: TrainConfig) -> None:
     """--dry-run: what training would do on the devices asked for, without starting any; with
     try_largest_batch, whether the largest batch fits on one of them."""
-    data = corpus.load(cfg)
     per_node = distributed.processes_per_node(cfg, planning=True)
+    data = corpus.load(cfg, per_node * cfg.launch.nnodes)
     with torch.device("meta"):  # counts parameters without allocating them (transformer_big: 213M)
         params = sum(p.numel() for p in Transformer(cfg.model, len(data.dictionary)).parameters())
     kind = ("GPU" if cfg.launch.gpus > 0 or (cfg.launch.nproc == 0 and distributed.use_cuda(cfg))
@@ -320,51 +337,3 @@ def validation_bleu(model: Transformer, data: corpus.Corpus, cfg: TrainConfig,
         text.update(share)
     references = [sp.decode(dictionary.decode(split.tgt[i].tolist())) for i in ids]
     return round(sacrebleu.corpus_bleu([text[i] for i in ids], [references]).score, 4)
-
-
-class _Interval:
-    """Sums over the updates since the last log line."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self, sums: dict[str, float] | None = None) -> None:
-        self.values = dict.fromkeys(("loss", "nll", "tgt", "src", "sentences", "gnorm", "updates", "skipped",
-                                     "oom"), 0.0)
-        self.values.update(sums or {})
-        self.clock, self.clock_tgt, self.last_loss, self.last_lr = time.monotonic(), 0.0, 0.0, 0.0
-
-    def add(self, totals: list[float] | None, gnorm: float, lr: float, health: guard.Health) -> None:
-        """One update's sums over all ranks, or None for a skipped update."""
-        self.values["oom"] += health.oom_micro_batches
-        if totals is None:
-            self.values["skipped"] += 1
-            return
-        for key, value in zip(("loss", "nll", "tgt", "src", "sentences"), totals, strict=True):
-            self.values[key] += value
-        self.values["gnorm"] += gnorm
-        self.values["updates"] += 1
-        self.clock_tgt += totals[2]
-        self.last_loss, self.last_lr = per_token(totals[0], int(totals[2])), lr
-
-    @property
-    def updates(self) -> int:
-        return int(self.values["updates"])
-
-    def speed(self) -> float:
-        return self.clock_tgt / max(time.monotonic() - self.clock, 1e-9)
-
-    def sums(self) -> dict[str, float]:
-        return dict(self.values)
-
-    def record(self, c: Counters) -> dict[str, Any]:
-        v, n = self.values, max(self.updates, 1)
-        nll = per_token(v["nll"], int(v["tgt"]))
-        return {"kind": "train", "update": c.update, "epoch": c.epoch,
-                "loss": round(per_token(v["loss"], int(v["tgt"])), 6),
-                "nll": round(nll, 6), "ppl": round(math.exp(min(nll, 50.0)), 4), "lr": self.last_lr,
-                "gnorm": round(v["gnorm"] / n, 6),
-                "src_tokens": round(v["src"] / n), "tgt_tokens": round(v["tgt"] / n),
-                "sentences": round(v["sentences"] / n), "updates": self.updates,
-                "skipped_updates": int(v["skipped"]), "oom_micro_batches": int(v["oom"]),
-                "tokens_per_second": round(self.speed(), 1), "wall_seconds": round(c.train_seconds, 3)}

@@ -1,7 +1,8 @@
 """What `nmt train` reports, on rank 0 only: a rich progress bar on a terminal (update, loss, lr,
 tokens/s, ETA), plain ``key=value`` lines otherwise, and the same numbers as one JSON object per
 line in ``SAVE_DIR/train.jsonl`` (``"kind": "train"`` per log interval, ``"kind": "valid"`` per
-validation), optionally mirrored to TensorBoard.
+validation), optionally mirrored to TensorBoard. `Interval` sums a log interval's updates: loss,
+tokens, tokens/s and the model FLOPs utilisation ``mfu`` (flops.py).
 
 TensorBoard (``--tensorboard-dir``) gets every number of every record as a scalar named
 ``KIND/FIELD`` (train/loss, train/ppl, train/lr, train/gnorm, train/tokens_per_second, valid/loss,
@@ -16,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from nmt_cli.artifacts import atomic_write_text
 from nmt_cli.errors import NmtError
+from nmt_cli.training.counters import Counters
+from nmt_cli.training.loss import per_token
 
 JSONL = "train.jsonl"
 
@@ -130,3 +135,60 @@ def _summary_writer_class() -> Any:
         raise NmtError("--tensorboard-dir needs the tensorboard package: pip install 'nmt-cli[tensorboard]' "
                        "(or train without --tensorboard-dir)") from None
     return SummaryWriter
+
+
+class Interval:
+    """Sums over the updates since the last log line."""
+
+    def __init__(self, flops_of: Callable[[float, float, float], float], peak: float) -> None:
+        self.flops_of, self.peak = flops_of, peak  # FLOPs of (source, target tokens, sentences); all devices
+        self.reset()
+
+    def reset(self, sums: dict[str, float] | None = None) -> None:
+        self.values = dict.fromkeys(("loss", "nll", "tgt", "src", "sentences", "gnorm", "updates", "skipped",
+                                     "oom"), 0.0)
+        self.values.update(sums or {})
+        self.clock, self.clock_tgt, self.last_loss, self.last_lr = time.monotonic(), 0.0, 0.0, 0.0
+        self.clock_flops = 0.0
+
+    def add(self, totals: list[float] | None, gnorm: float, lr: float, oom_micro_batches: int) -> None:
+        """One update's sums over all ranks, or None for a skipped update."""
+        self.values["oom"] += oom_micro_batches
+        if totals is None:
+            self.values["skipped"] += 1
+            return
+        for key, value in zip(("loss", "nll", "tgt", "src", "sentences"), totals, strict=True):
+            self.values[key] += value
+        self.values["gnorm"] += gnorm
+        self.values["updates"] += 1
+        self.clock_tgt += totals[2]
+        self.clock_flops += self.flops_of(totals[3], totals[2], totals[4])
+        self.last_loss, self.last_lr = per_token(totals[0], int(totals[2])), lr
+
+    @property
+    def updates(self) -> int:
+        return int(self.values["updates"])
+
+    def speed(self) -> float:
+        return self.clock_tgt / max(time.monotonic() - self.clock, 1e-9)
+
+    def mfu(self) -> float:
+        """Model FLOPs utilisation since the last log line: the model's FLOPs per second over the
+        devices' peak."""
+        return self.clock_flops / max(time.monotonic() - self.clock, 1e-9) / self.peak
+
+    def sums(self) -> dict[str, float]:
+        return dict(self.values)
+
+    def record(self, c: Counters) -> dict[str, Any]:
+        v, n = self.values, max(self.updates, 1)
+        nll = per_token(v["nll"], int(v["tgt"]))
+        return {"kind": "train", "update": c.update, "epoch": c.epoch,
+                "loss": round(per_token(v["loss"], int(v["tgt"])), 6),
+                "nll": round(nll, 6), "ppl": round(math.exp(min(nll, 50.0)), 4), "lr": self.last_lr,
+                "gnorm": round(v["gnorm"] / n, 6),
+                "src_tokens": round(v["src"] / n), "tgt_tokens": round(v["tgt"] / n),
+                "sentences": round(v["sentences"] / n), "updates": self.updates,
+                "skipped_updates": int(v["skipped"]), "oom_micro_batches": int(v["oom"]),
+                "tokens_per_second": round(self.speed(), 1), "mfu": round(self.mfu(), 5),
+                "wall_seconds": round(c.train_seconds, 3)}
