@@ -21,7 +21,14 @@ SMALL = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, hea
 VARIANTS = {"post": SMALL, "pre": dataclasses.replace(SMALL, norm="pre"),
             "d_k=4,d_v=12": dataclasses.replace(SMALL, d_k=4, d_v=12),
             "one head d_k=d_v=32": dataclasses.replace(SMALL, heads=1, d_k=32, d_v=32),
-            "learned positions": dataclasses.replace(SMALL, positions="learned")}
+            "learned positions": dataclasses.replace(SMALL, positions="learned"),
+            # what `nmt import fairseq` writes: separate matrices and position tables, a target vocabulary
+            # of the first 40 entries, fairseq's sinusoids or learned positions, EOS read first
+            "fairseq, none shared": dataclasses.replace(SMALL, share_embeddings="none", output_vocab=40,
+                                                        positions="fairseq_sinusoidal", decoder_start="eos"),
+            "fairseq, target shared": dataclasses.replace(SMALL, share_embeddings="target", norm="pre",
+                                                          positions="learned", shared_positions=False,
+                                                          decoder_start="eos")}
 # fp32 on the CPU; different batch shapes take different kernel paths, so results agree to rounding only
 ATOL = 1e-5
 

@@ -20,6 +20,10 @@ class TranslateConfig:
     nbest: int = opt(1, "print this many hypotheses per sentence: K lines LINE<TAB>SCORE<TAB>TEXT per input "
                      "line", flag="--nbest", at_least=1)
     lenpen: float = opt(0.6, "GNMT length penalty alpha: score / ((5+|Y|)/6)^alpha", flag="--lenpen")
+    length_penalty: Literal["gnmt", "fairseq"] = opt(
+        "gnmt", "the length penalty's form: GNMT's ((5+|Y|)/6)^alpha, or fairseq's |Y|^alpha (|Y| counts "
+        "EOS)",
+        flag="--length-penalty")
     max_len_a: float = opt(1.0, "maximum output length = a * source length + b", at_least=0)
     max_len_b: int = opt(50, "maximum output length = a * source length + b", at_least=0)
     max_tokens: int = opt(12000, "source-token budget of one batch, padding included", flag="--max-tokens",
