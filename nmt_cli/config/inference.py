@@ -11,7 +11,8 @@ from nmt_cli.config.core import Device, Precision, opt, required
 
 @dataclass
 class TranslateConfig:
-    model: Path = required("a checkpoint or an averaged model file", argument=True)
+    model: tuple[Path, ...] = required("a checkpoint or an averaged model file; several: an ensemble, whose "
+                                       "models' log-probabilities are averaged at every step", argument=True)
     input: Path | None = opt(None, "text to translate, one sentence per line (default: stdin)",
                              flag="--input", short="-i")
     output: Path | None = opt(None, "where translations go, one line per input line (default: stdout)",
@@ -42,3 +43,7 @@ class TranslateConfig:
                         "thread, each with a copy of the model): faster in bf16, after a minute or more of "
                         "compiling (less once cached); needs a C++ compiler (g++, or $CXX)",
                         flag="--compile/--no-compile")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.model, (str, Path)):  # one model file, as callers in code name it
+            self.model = (Path(self.model),)

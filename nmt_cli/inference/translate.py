@@ -32,6 +32,7 @@ from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.data.bpe import sentencepiece_processor
 from nmt_cli.data.dataset import EOS, Dictionary
 from nmt_cli.errors import NmtError
+from nmt_cli.inference.ensemble import Ensemble, check_members
 from nmt_cli.inference.replicas import Replicas, describe
 from nmt_cli.inference.search import compile_decoder, keep_freed_memory, translate_ids
 from nmt_cli.model import file as model_file
@@ -184,6 +185,8 @@ def _check(cfg: TranslateConfig) -> None:
                        "(or leave --input out to read stdin)")
     if cfg.output is not None:
         check_output_file(cfg.output, "--output")
+    if cfg.compile and len(cfg.model) > 1:
+        raise NmtError("--compile translates with one model: leave it out for an ensemble")
 
 
 def load_translator(cfg: TranslateConfig, warn: Warn) -> Translator:
@@ -200,8 +203,12 @@ def load_translator(cfg: TranslateConfig, warn: Warn) -> Translator:
         torch.set_num_threads(1)
     elif cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    model, dictionary, spm_bytes = model_file.load_model(cfg.model, device)
-    sp = sentencepiece_processor(spm_bytes, f"the sentencepiece model inside {cfg.model}",
+    loaded = [model_file.load_model(path, device) for path in cfg.model]
+    check_members(list(cfg.model), [d for _, d, _ in loaded], [b for _, _, b in loaded])
+    model, dictionary, spm_bytes = loaded[0]
+    if len(loaded) > 1:
+        model = Ensemble([m for m, _, _ in loaded])
+    sp = sentencepiece_processor(spm_bytes, f"the sentencepiece model inside {cfg.model[0]}",
                                  "the file is damaged or was not written by nmt")
     model = model.to(dtype)
     replicas = None
