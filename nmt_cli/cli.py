@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from nmt_cli import __version__
-from nmt_cli.config.convert import FairseqImportConfig
+from nmt_cli.config.convert import Ctranslate2ExportConfig, FairseqImportConfig
 from nmt_cli.config.core import resolve
 from nmt_cli.config.data import BinarizeConfig, BpeConfig, PrepareConfig
 from nmt_cli.config.evaluation import AttentionConfig, PlotConfig, ScoreConfig
@@ -45,7 +45,7 @@ STAGE_MODULES = {
     "prepare": "data.prepare", "bpe": "data.bpe", "binarize": "data.binarize", "train": "training.train",
     "average": "training.average", "translate": "inference.translate", "score": "evaluation.score",
     "plot": "evaluation.plot", "attention": "evaluation.attention_maps",
-    "import fairseq": "model.fairseq",
+    "import fairseq": "model.fairseq", "export ctranslate2": "inference.ct2",
 }
 # Each command's config and help, in the order `nmt --help` lists them.
 COMMANDS = {
@@ -115,11 +115,15 @@ for _name, (_cls, _help) in COMMANDS.items():
     app.command(_name, help=_help)(command(_cls, functools.partial(_run, _name)))
 
 # Commands in groups, `nmt GROUP NAME`: converters from and to other toolkits' formats.
-GROUPS = {"import": "Convert a model trained by another toolkit into an nmt model file."}
+GROUPS = {"import": "Convert a model trained by another toolkit into an nmt model file.",
+          "export": "Convert an nmt model file for another inference engine."}
 GROUP_COMMANDS = {
     "import fairseq": (FairseqImportConfig,
                        "Convert a fairseq transformer checkpoint (with its dictionaries and sentencepiece "
                        "model) into an nmt model file that every stage accepts."),
+    "export ctranslate2": (Ctranslate2ExportConfig,
+                           "Export a model to a CTranslate2 folder (needs the ctranslate2 package) that "
+                           "`nmt translate DIR` translates with."),
 }
 for _group, _help in GROUPS.items():
     _sub = typer.Typer(help=_help, no_args_is_help=True, add_completion=False)

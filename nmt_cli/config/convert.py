@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from nmt_cli.config.core import opt, required
 
@@ -18,3 +19,12 @@ class FairseqImportConfig:
                                 "decoder)", flag="--tgt-dict")
     spm: Path | None = opt(None, "the sentencepiece model that made the pieces (default: the one *.model "
                            "file beside the checkpoint)", flag="--spm")
+
+
+@dataclass
+class Ctranslate2ExportConfig:
+    model: Path = required("an nmt model file (a checkpoint, an averaged or imported model)", argument=True)
+    out: Path = required("the folder to write: CTranslate2's model, the vocabularies, the sentencepiece "
+                         "model and nmt.json; `nmt translate DIR` reads it", flag="--out", short="-o")
+    quantization: Literal["float32", "int8", "int8_float32", "bfloat16", "float16"] = opt(
+        "float32", "the weights' type in the folder (CTranslate2's quantization)", flag="--quantization")

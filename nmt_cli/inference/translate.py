@@ -32,6 +32,7 @@ from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.data.bpe import sentencepiece_processor
 from nmt_cli.data.dataset import EOS, Dictionary
 from nmt_cli.errors import NmtError
+from nmt_cli.inference import ct2
 from nmt_cli.inference.ensemble import Ensemble, check_members
 from nmt_cli.inference.replicas import Replicas, describe
 from nmt_cli.inference.search import compile_decoder, keep_freed_memory, translate_ids
@@ -69,8 +70,9 @@ class Translator:
 
     def __init__(self, model: Transformer, dictionary: Dictionary, sp: spm.SentencePieceProcessor,
                  cfg: TranslateConfig, warn: Warn, workers: int = 1,
-                 replicas: Replicas | None = None) -> None:
+                 replicas: Replicas | None = None, search: ct2.Search | None = None) -> None:
         self.model, self.dictionary, self.sp, self.cfg, self.warn = model, dictionary, sp, cfg, warn
+        self.search = search  # another engine's search (an exported CTranslate2 folder); None: nmt's
         self.workers = workers  # batches searched at once (see `translate_ids`)
         self.replicas = replicas  # worker processes that search instead, if any: `close` stops them
 
@@ -118,8 +120,9 @@ class Translator:
                 sources.append(ids)
                 where.append(i)
         try:
-            found = translate_ids(self.model, sources, self.cfg, on_batch, self.workers,
-                                  replicas=self.replicas)
+            found = (self.search(sources, on_batch) if self.search is not None
+                     else translate_ids(self.model, sources, self.cfg, on_batch, self.workers,
+                                        replicas=self.replicas))
         except BrokenProcessPool:  # only worker processes (--compile) break this way
             raise NmtError(_worker_died("translating")) from None
         results: list[list[tuple[float, str]]] = [[] for _ in lines]
@@ -195,6 +198,10 @@ def load_translator(cfg: TranslateConfig, warn: Warn) -> Translator:
     (small) operation of a decoding step. A compiled decoder (`cfg.compile`) on the CPU does the
     same in `threads` worker processes (`Replicas`: dynamo must not run in two threads); on a GPU it
     searches one batch at a time. Close the translator when done."""
+    if len(cfg.model) == 1 and Path(cfg.model[0]).is_dir():  # exported by `nmt export ctranslate2`
+        engine = ct2.Engine(cfg, warn)
+        sp = sentencepiece_processor(engine.spm_bytes, f"{cfg.model[0]}/spm.model", "export the model again")
+        return Translator(engine.model, engine.dictionary, sp, cfg, warn, search=engine.search)
     device, dtype = _device_and_dtype(cfg)
     workers = 1
     if device.type == "cpu":
