@@ -86,9 +86,11 @@ def model_spec(ct2: Any, model: Transformer, dictionary: Dictionary, path: Path)
     spec = ct2.specs.TransformerSpec.from_config((cfg.encoder_layers, cfg.decoder_layers), cfg.heads,
                                                  pre_norm=cfg.norm == "pre")
     w = {k: v.float().numpy() for k, v in model.state_dict().items()}
-    table = w["positions"] if "positions" in w else model.positions.float().numpy()
-    src_table = w.get("src_learned_positions.weight", w.get("learned_positions.weight", table))
-    tgt_table = w.get("learned_positions.weight", table)
+    if cfg.positions == "learned":
+        tgt_table = w["learned_positions.weight"]
+        src_table = w.get("src_learned_positions.weight", tgt_table)
+    else:  # the sinusoid buffer, not in the state dict
+        src_table = tgt_table = model.positions.float().numpy()
     out_vocab = model.output_vocab
     src_embed = w["src_embed.weight"] if cfg.share_embeddings != "all" else w["embed.weight"]
     _inputs(spec.encoder, src_embed, src_table, cfg.d_model)
