@@ -28,23 +28,6 @@ from nmt_cli.model import file as model_file
 MODELS = ("transformer", "prenorm")
 
 
-@pytest.fixture(scope="session")
-def fairseq_models(shared_data: Path) -> Path:
-    folder = shared_data / "fairseq-model"
-    if not (folder / "transformer" / "checkpoint_best.pt").is_file():
-        pytest.skip(f"fairseq checkpoints not found at {folder} (see its README)")
-    return folder
-
-
-@pytest.fixture(scope="session")
-def imported(fairseq_models: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Each fairseq checkpoint imported once, through the command line."""
-    out = tmp_path_factory.mktemp("imported")
-    for name in MODELS:
-        nmt("import", "fairseq", fairseq_models / name / "checkpoint_best.pt", "--out", out / f"{name}.pt")
-    return {name: out / f"{name}.pt" for name in MODELS}
-
-
 def _fairseq_batches(sources: list[list[int]], target_sizes: list[int], batch_size: int = 64):
     """fairseq-generate's batches: indices sorted by target then (stably) by source length, 64 a batch."""
     src_sizes, tgt_sizes = np.array([len(s) for s in sources]), np.array(target_sizes)

@@ -198,7 +198,7 @@ def load_translator(cfg: TranslateConfig, warn: Warn) -> Translator:
     (small) operation of a decoding step. A compiled decoder (`cfg.compile`) on the CPU does the
     same in `threads` worker processes (`Replicas`: dynamo must not run in two threads); on a GPU it
     searches one batch at a time. Close the translator when done."""
-    if len(cfg.model) == 1 and Path(cfg.model[0]).is_dir():  # exported by `nmt export ctranslate2`
+    if len(cfg.model) == 1 and (Path(cfg.model[0]) / "nmt.json").is_file():  # by `nmt export ctranslate2`
         engine = ct2.Engine(cfg, warn)
         sp = sentencepiece_processor(engine.spm_bytes, f"{cfg.model[0]}/spm.model", "export the model again")
         return Translator(engine.model, engine.dictionary, sp, cfg, warn, search=engine.search)
