@@ -109,6 +109,7 @@ def test_imported_file_is_an_nmt_model(imported: dict[str, Path], fairseq_models
         assert cfg["share_embeddings"] == ("all" if name == "transformer" else "target")
 
 
+@pytest.mark.slow
 def test_fine_tuning_an_imported_model_lowers_its_validation_loss(
         imported: dict[str, Path], fairseq_models: Path, multi30k_raw: Path, tmp_path: Path) -> None:
     """`nmt train --init` on the imported model, for a few updates on Multi30k encoded with its own
