@@ -60,7 +60,8 @@ def run(cfg: Ctranslate2ExportConfig) -> None:
     out = Path(cfg.out)
     if out.exists() and not (out / "nmt.json").is_file():
         raise NmtError(f"{out} exists and is not an exported nmt model: give another --out")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent if out.parent.exists() else None))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))  # beside DIR: one disk, one rename
     try:
         spec.validate()
         spec.optimize(quantization=None if cfg.quantization == "float32" else cfg.quantization)
