@@ -49,25 +49,28 @@ def test_exported_model_translates_as_nmt(imported: dict[str, Path], multi30k_te
     assert abs(bleu[0] - bleu[1]) <= 1.0, bleu
 
 
-def test_the_folder_is_self_contained(tiny_trained_model: Path, tmp_path: Path) -> None:
-    """Everything `nmt translate DIR` reads is inside DIR: moved elsewhere, it translates the same."""
-    ct2.run(Ctranslate2ExportConfig(model=tiny_trained_model, out=tmp_path / "a" / "exported"))
+def test_the_folder_is_self_contained(imported: dict[str, Path], tmp_path: Path) -> None:
+    """Everything `nmt translate DIR` reads is inside DIR: moved elsewhere, it translates the same.
+    (Written under a folder that does not exist yet, which the export makes.)"""
+    model = imported["prenorm"]  # separate source and target vocabularies
+    ct2.run(Ctranslate2ExportConfig(model=model, out=tmp_path / "a" / "exported"))
     (tmp_path / "a" / "exported").rename(tmp_path / "moved")
-    (tmp_path / "in.txt").write_text("red cat sees the dog\n\nlarge house\n", encoding="utf-8")
+    assert [p.name for p in (tmp_path / "a").iterdir()] == []  # no temporary folder left
+    (tmp_path / "in.txt").write_text("A dog runs.\n\nTwo men are talking.\n", encoding="utf-8")
     assert (_translate(tmp_path / "moved", tmp_path / "in.txt", tmp_path / "out.txt", "--beam", 1)
-            == _translate(tiny_trained_model, tmp_path / "in.txt", tmp_path / "ref.txt", "--beam", 1))
+            == _translate(model, tmp_path / "in.txt", tmp_path / "ref.txt", "--beam", 1))
 
 
-def test_a_missing_package_is_named(tiny_trained_model: Path, tmp_path: Path,
+def test_a_missing_package_is_named(imported: dict[str, Path], tmp_path: Path,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # `import ctranslate2` fails as if absent
     with pytest.raises(NmtError, match=r"pip install 'nmt-cli\[ctranslate2\]'"):
-        ct2.run(Ctranslate2ExportConfig(model=tiny_trained_model, out=tmp_path / "out"))
+        ct2.run(Ctranslate2ExportConfig(model=imported["transformer"], out=tmp_path / "out"))
     assert not (tmp_path / "out").exists()
 
 
-def test_what_ctranslate2_cannot_represent_is_refused(tiny_trained_model: Path, tmp_path: Path) -> None:
-    model, dictionary, spm_bytes = model_file.load_model(tiny_trained_model)
+def test_what_ctranslate2_cannot_represent_is_refused(imported: dict[str, Path], tmp_path: Path) -> None:
+    model, dictionary, spm_bytes = model_file.load_model(imported["transformer"])
     cfg = dataclasses.replace(model.cfg, d_k=8, d_v=24)
     path = save_model_file(tmp_path / "dk.pt", Transformer(cfg, len(dictionary)), dictionary, spm_bytes)
     proc = nmt("export", "ctranslate2", path, "--out", tmp_path / "out", check=False)
