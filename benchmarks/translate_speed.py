@@ -68,6 +68,9 @@ def main() -> None:
     parser.add_argument("--dtypes", default="fp32,bf16")
     parser.add_argument("--compile", action="store_true",
                         help="also time the search with the decoder step compiled")
+    parser.add_argument("--ctranslate2", action="store_true",
+                        help="also rows of the model exported by `nmt export ctranslate2` (float32, int8, "
+                             "bfloat16 where the CPU has it), translated by CTranslate2 on --threads threads")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="instead of the table: torch's profile of beam 4 (first dtype) "
                              "on N sentences, one thread")
@@ -99,6 +102,8 @@ def main() -> None:
                           *measure(translator, subset, cached), refs)
             if args.compile:
                 measure_compiled(translator, beam, dtype_name, lines, refs, args.threads)
+    if args.ctranslate2:
+        measure_ctranslate2(args, lines, refs)
 
 
 def print_row(beam: int, dtype_name: str, decoder: str, subset: list[str], seconds: float,
@@ -128,6 +133,46 @@ def measure_compiled(translator: Translator, beam: int, dtype_name: str, lines: 
         print_row(beam, dtype_name, "compiled", lines, *measure(compiled, lines, cached=True), refs)
     print(f"{'':<8} (starting {threads} processes and compiling took {compiling:.1f} s, not counted above)",
           flush=True)
+
+
+def measure_ctranslate2(args: argparse.Namespace, lines: list[str], refs: list[str]) -> None:
+    """Rows of the exported model, as `nmt translate DIR` runs it (CTranslate2's search with
+    `--threads` intra-op threads; its length penalty is fairseq's |Y|^alpha, alpha 0.6)."""
+    import tempfile
+
+    import ctranslate2
+
+    from nmt_cli.config.convert import Ctranslate2ExportConfig
+    from nmt_cli.inference import ct2
+
+    available = ctranslate2.get_supported_compute_types("cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        for quantization in ("float32", "int8", "bfloat16"):
+            if quantization not in available:
+                print(f"(ctranslate2 {quantization}: not supported on this CPU)")
+                continue
+            out = Path(tmp) / quantization
+            ct2.run(Ctranslate2ExportConfig(model=args.model, out=out, quantization=quantization))
+            for beam in (4, 1):
+                cfg = TranslateConfig(model=out, beam=beam, max_tokens=args.max_tokens, threads=args.threads,
+                                      device="cpu", length_penalty="fairseq")
+                engine = ct2.Engine(cfg, lambda _: None)
+                sp = spm.SentencePieceProcessor(model_proto=engine.spm_bytes)
+                translator = Translator(engine.model, engine.dictionary, sp, cfg, lambda _: None,
+                                        search=engine.search)
+                measure_search(translator, lines[:20])  # warm-up
+                row = measure_search(translator, lines)
+                print_row(beam, {"float32": "fp32", "bfloat16": "bf16"}.get(quantization, quantization),
+                          "ctranslate2", lines, *row, refs)
+
+
+def measure_search(translator: Translator, lines: list[str]) -> tuple[float, float, int, list[str]]:
+    """`measure` for a translator whose search is another engine's."""
+    start, cpu_start = time.perf_counter(), time.process_time()
+    found = translator.search([translator.encode(line, i + 1) for i, line in enumerate(lines)], None)
+    outputs = [translator.decode(h[0].tokens) for h in found]
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    return seconds, cpu_seconds, sum(len(h[0].tokens) + 1 for h in found), outputs
 
 
 def profile(model: torch.nn.Module, dictionary, sp: spm.SentencePieceProcessor, lines: list[str],

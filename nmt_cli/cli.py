@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from nmt_cli import __version__
+from nmt_cli.config.convert import Ctranslate2ExportConfig, FairseqImportConfig
 from nmt_cli.config.core import resolve
 from nmt_cli.config.data import BinarizeConfig, BpeConfig, PrepareConfig
 from nmt_cli.config.evaluation import AttentionConfig, PlotConfig, ScoreConfig
@@ -44,6 +45,7 @@ STAGE_MODULES = {
     "prepare": "data.prepare", "bpe": "data.bpe", "binarize": "data.binarize", "train": "training.train",
     "average": "training.average", "translate": "inference.translate", "score": "evaluation.score",
     "plot": "evaluation.plot", "attention": "evaluation.attention_maps",
+    "import fairseq": "model.fairseq", "export ctranslate2": "inference.ct2",
 }
 # Each command's config and help, in the order `nmt --help` lists them.
 COMMANDS = {
@@ -76,7 +78,7 @@ def _run(stage: str, values: dict[str, Any], config: Path | None, sets: list[str
         if stage == "train":
             cfg = resolve_train(config, values, sets)
         else:
-            cfg = resolve(COMMANDS[stage][0], config, values, sets)
+            cfg = resolve({**COMMANDS, **GROUP_COMMANDS}[stage][0], config, values, sets)
         if stage == "translate":
             # OpenMP threads that spin while waiting burn a core another process needs (translation on
             # shared cores ran many times slower). Read when torch loads; a user's value wins.
@@ -111,6 +113,24 @@ def _main(
 
 for _name, (_cls, _help) in COMMANDS.items():
     app.command(_name, help=_help)(command(_cls, functools.partial(_run, _name)))
+
+# Commands in groups, `nmt GROUP NAME`: converters from and to other toolkits' formats.
+GROUPS = {"import": "Convert a model trained by another toolkit into an nmt model file.",
+          "export": "Convert an nmt model file for another inference engine."}
+GROUP_COMMANDS = {
+    "import fairseq": (FairseqImportConfig,
+                       "Convert a fairseq transformer checkpoint (with its dictionaries and sentencepiece "
+                       "model) into an nmt model file that every stage accepts."),
+    "export ctranslate2": (Ctranslate2ExportConfig,
+                           "Export a model to a CTranslate2 folder (needs the ctranslate2 package) that "
+                           "`nmt translate DIR` translates with."),
+}
+for _group, _help in GROUPS.items():
+    _sub = typer.Typer(help=_help, no_args_is_help=True, add_completion=False)
+    app.add_typer(_sub, name=_group)
+    for _name, (_cls, _help) in GROUP_COMMANDS.items():
+        if _name.startswith(f"{_group} "):
+            _sub.command(_name.split()[1], help=_help)(command(_cls, functools.partial(_run, _name)))
 
 
 def main() -> None:

@@ -236,3 +236,26 @@ def why_torch_compile_cannot_run() -> str | None:
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
     return (None if proc.returncode == 0
             else f"torch.compile fails here: {(proc.stderr.strip().splitlines() or [''])[-1]}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Two fairseq checkpoints (../shared/data/fairseq-model), imported once per session
+
+FAIRSEQ_MODELS = ("transformer", "prenorm")
+
+
+@pytest.fixture(scope="session")
+def fairseq_models(shared_data: Path) -> Path:
+    folder = shared_data / "fairseq-model"
+    if not (folder / "transformer" / "checkpoint_best.pt").is_file():
+        pytest.skip(f"fairseq checkpoints not found at {folder} (see its README)")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def imported(fairseq_models: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each fairseq checkpoint imported once, through the command line."""
+    out = tmp_path_factory.mktemp("imported")
+    for name in FAIRSEQ_MODELS:
+        nmt("import", "fairseq", fairseq_models / name / "checkpoint_best.pt", "--out", out / f"{name}.pt")
+    return {name: out / f"{name}.pt" for name in FAIRSEQ_MODELS}

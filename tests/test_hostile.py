@@ -454,6 +454,20 @@ for fault in ("empty", "huge_line", "invalid_utf8", "nul", "crlf", "lone_cr", "b
               "no_final_newline"):
     works("translate", fault, lambda w, tmp, fault=fault: translate_args(w.model, w.texts[fault], tmp),
           one_line_per_line(fault))
+
+
+def exported(w: World) -> Path:
+    """w.model exported by `nmt export ctranslate2`, once (these cases skip without the package)."""
+    pytest.importorskip("ctranslate2")
+    out = w.folder / "ctranslate2"
+    if not out.is_dir():
+        ok("export", "ctranslate2", w.model, "--out", out)
+    return out
+
+
+for fault in ("empty", "huge_line", "invalid_utf8", "nul", "crlf", "blank_lines", "no_final_newline"):
+    works("translate", f"ctranslate2_{fault}", lambda w, tmp, fault=fault: translate_args(
+        exported(w), w.texts[fault], tmp), one_line_per_line(fault))
 refused("translate", "input_is_a_folder", lambda w, tmp: translate_args(w.model, tmp, tmp), "is a folder")
 refused("translate", "input_missing", lambda w, tmp: translate_args(w.model, tmp / "nothing", tmp),
         "does not exist")

@@ -21,7 +21,14 @@ SMALL = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, hea
 VARIANTS = {"post": SMALL, "pre": dataclasses.replace(SMALL, norm="pre"),
             "d_k=4,d_v=12": dataclasses.replace(SMALL, d_k=4, d_v=12),
             "one head d_k=d_v=32": dataclasses.replace(SMALL, heads=1, d_k=32, d_v=32),
-            "learned positions": dataclasses.replace(SMALL, positions="learned")}
+            "learned positions": dataclasses.replace(SMALL, positions="learned"),
+            # what `nmt import fairseq` writes: separate matrices and position tables, a target vocabulary
+            # of the first 40 entries, fairseq's sinusoids or learned positions, EOS read first
+            "fairseq, none shared": dataclasses.replace(SMALL, share_embeddings="none", output_vocab=40,
+                                                        positions="fairseq_sinusoidal", decoder_start="eos"),
+            "fairseq, target shared": dataclasses.replace(SMALL, share_embeddings="target", norm="pre",
+                                                          positions="learned", shared_positions=False,
+                                                          decoder_start="eos")}
 # fp32 on the CPU; different batch shapes take different kernel paths, so results agree to rounding only
 ATOL = 1e-5
 
@@ -175,19 +182,22 @@ def test_head_widths_shape_the_projections_and_old_configs_keep_theirs() -> None
     assert default["encoder.0.self_attn.in_proj.weight"].shape == (3 * 32, 32) and "positions" not in default
 
 
-def test_a_model_file_from_before_table3_settings_loads_unchanged(tiny_trained_model: Path,
-                                                                  tmp_path: Path) -> None:
-    """A file whose model config has no d_k, d_v or positions (written before they existed) loads as
+def test_a_model_file_from_before_table3_and_fairseq_settings_loads_unchanged(tiny_trained_model: Path,
+                                                                              tmp_path: Path) -> None:
+    """A file whose model config has no d_k, d_v, positions or the settings of imported fairseq models
+    (written before they existed) loads as
     the paper's model: d_model / h per head, sinusoids, the same weights and outputs."""
     from nmt_cli.model import file as model_file
 
     state = model_file.load(tiny_trained_model)
-    for key in ("d_k", "d_v", "positions"):
+    for key in ("d_k", "d_v", "positions", "share_embeddings", "shared_positions", "output_vocab",
+                "decoder_start"):
         del state["model_config"][key]
     model_file.save(tmp_path / "old.pt", state)
     old, _, _ = model_file.load_model(tmp_path / "old.pt")
     new, _, _ = model_file.load_model(tiny_trained_model)
     assert (old.cfg.d_k, old.cfg.d_v, old.cfg.positions) == (0, 0, "sinusoidal")
+    assert (old.cfg.share_embeddings, old.cfg.output_vocab, old.cfg.decoder_start) == ("all", 0, "bos")
     src, prev = _tokens([5, 3], seed=13), _tokens([4, 4], seed=14, first=BOS)
     src, prev = src.clamp(max=len(new.embed.weight) - 1), prev.clamp(max=len(new.embed.weight) - 1)
     assert torch.equal(old(src, prev), new(src, prev))

@@ -10,7 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from conftest import nmt
-from nmt_cli.cli import COMMANDS
+from nmt_cli.cli import COMMANDS, GROUP_COMMANDS
 from nmt_cli.config.core import opt, required
 from nmt_cli.config.data import BpeConfig
 from nmt_cli.config.options import command, parameters
@@ -63,9 +63,9 @@ def test_fields_without_a_flag_are_not_options() -> None:
     assert "character_coverage" not in bpe and "vocab_size" in bpe
 
 
-@pytest.mark.parametrize("name", sorted(COMMANDS))
+@pytest.mark.parametrize("name", sorted({**COMMANDS, **GROUP_COMMANDS}))
 def test_every_command_declares_each_flag_once(name: str) -> None:
-    infos = [p.annotation.__metadata__[0] for _, p in parameters(COMMANDS[name][0])]
+    infos = [p.annotation.__metadata__[0] for _, p in parameters({**COMMANDS, **GROUP_COMMANDS}[name][0])]
     flags = ["--config", "--set", "--help", "-h"]  # what every command has besides its config's flags
     flags += [part for info in infos for flag in info.param_decls or () for part in flag.split("/")]
     assert len(flags) == len(set(flags)), flags

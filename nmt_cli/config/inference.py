@@ -11,7 +11,8 @@ from nmt_cli.config.core import Device, Precision, opt, required
 
 @dataclass
 class TranslateConfig:
-    model: Path = required("a checkpoint or an averaged model file", argument=True)
+    model: tuple[Path, ...] = required("a checkpoint or an averaged model file; several: an ensemble, whose "
+                                       "models' log-probabilities are averaged at every step", argument=True)
     input: Path | None = opt(None, "text to translate, one sentence per line (default: stdin)",
                              flag="--input", short="-i")
     output: Path | None = opt(None, "where translations go, one line per input line (default: stdout)",
@@ -20,6 +21,10 @@ class TranslateConfig:
     nbest: int = opt(1, "print this many hypotheses per sentence: K lines LINE<TAB>SCORE<TAB>TEXT per input "
                      "line", flag="--nbest", at_least=1)
     lenpen: float = opt(0.6, "GNMT length penalty alpha: score / ((5+|Y|)/6)^alpha", flag="--lenpen")
+    length_penalty: Literal["gnmt", "fairseq"] = opt(
+        "gnmt", "the length penalty's form: GNMT's ((5+|Y|)/6)^alpha, or fairseq's |Y|^alpha (|Y| counts "
+        "EOS)",
+        flag="--length-penalty")
     max_len_a: float = opt(1.0, "maximum output length = a * source length + b", at_least=0)
     max_len_b: int = opt(50, "maximum output length = a * source length + b", at_least=0)
     max_tokens: int = opt(12000, "source-token budget of one batch, padding included", flag="--max-tokens",
@@ -38,3 +43,7 @@ class TranslateConfig:
                         "thread, each with a copy of the model): faster in bf16, after a minute or more of "
                         "compiling (less once cached); needs a C++ compiler (g++, or $CXX)",
                         flag="--compile/--no-compile")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.model, (str, Path)):  # one model file, as callers in code name it
+            self.model = (Path(self.model),)

@@ -27,16 +27,31 @@ class ModelConfig:
     max_positions: int = opt(1024, "longest source or target (in tokens, with EOS) the model accepts",
                              at_least=2)
     norm: Literal["post", "pre"] = opt("post", "post-norm (paper) or pre-norm residual blocks")
-    positions: Literal["sinusoidal", "learned"] = opt(
-        "sinusoidal", "position encodings: the paper's sinusoids (section 3.5) or a trained table of "
-        "max_positions rows (table 3 row E)")
+    positions: Literal["sinusoidal", "learned", "fairseq_sinusoidal"] = opt(
+        "sinusoidal", "position encodings: the paper's sinusoids (section 3.5), a trained table of "
+        "max_positions rows (table 3 row E), or fairseq's sinusoids (tensor2tensor's variant: "
+        "frequencies 10000^(-i/(D/2-1)), the sin half then the cos half, positions counted from 2)")
+    # The settings below let a model imported from fairseq (`nmt import fairseq`) be expressed exactly;
+    # their defaults are the paper's model, so every model file written before them loads as it was.
+    share_embeddings: Literal["all", "target", "none"] = opt(
+        "all", "which embedding matrices are one: source, target and output (section 3.4), the target "
+        "input and output only, or none")
+    shared_positions: bool = opt(True, "learned positions: one table for source and target (false: one each)")
+    output_vocab: int = opt(
+        0, "the first N dictionary entries are the target vocabulary, the only ones the decoder scores "
+        "(0: all); the rest are source-only symbols of a model with separate dictionaries", at_least=0)
+    decoder_start: Literal["bos", "eos"] = opt(
+        "bos", "the token the decoder reads at the first position: BOS, or EOS as in fairseq")
 
     def __post_init__(self) -> None:
         """What the Transformer's shapes need: checked here, so that a setting from YAML or --set, or
         the config inside a model file, is refused with a message instead of failing inside torch."""
-        if self.positions == "sinusoidal" and self.d_model % 2:
+        if self.positions != "learned" and self.d_model % 2:
             raise NmtError(f"model.d_model ({self.d_model}) must be even for sinusoidal positions "
                            "(or set model.positions=learned)")
+        if 0 < self.output_vocab < 4:
+            raise NmtError(f"model.output_vocab ({self.output_vocab}) must be 0 or hold the 4 special "
+                           "symbols")
         if self.heads > 0 and self.d_model % self.heads and not (self.d_k and self.d_v):
             raise NmtError(f"model.d_model ({self.d_model}) must be divisible by model.heads ({self.heads}), "
                            "or model.d_k and model.d_v set")

@@ -139,6 +139,9 @@ class TrainConfig:
                                   "largest batch on one device and report whether it fits in memory",
                                   flag="--try-largest-batch")
     model: ModelConfig = opt(ModelConfig(), "model settings (filled from --arch, then overridden)")
+    init: Path | None = opt(None, "start from this model file's weights (fine-tuning; an imported model "
+                            "too): its model settings replace model.*, and the data must be binarized with "
+                            "its dictionary", flag="--init")
     batch: BatchConfig = opt(BatchConfig(), "batching")
     optim: OptimConfig = opt(OptimConfig(), "loss, optimiser and learning rate")
     stop: StopConfig = opt(StopConfig(), "when to stop")

@@ -51,10 +51,11 @@ def next_tokens(model: Transformer, tokens: Tensor, step: int, enc: Encoded, cac
                 beams: Beams | None = None) -> NextTokens:
     """The model's `decode_step`, then each row's k most probable next tokens (`best_tokens`): the unit
     `search.compile_decoder` compiles."""
-    return best_tokens(model.decode_step(tokens, step, enc, cache, beams), k)
+    scores = model.decode_step(tokens, step, enc, cache, beams)
+    return best_tokens(scores, k, normalized=getattr(model, "scores_are_log_probs", False))  # an Ensemble's
 
 
-def best_tokens(logits: Tensor, k: int) -> NextTokens:
+def best_tokens(logits: Tensor, k: int, normalized: bool = False) -> NextTokens:
     """The k most probable tokens of each row of logits (N, V) other than PAD and BOS (which no output
     contains; the probabilities are not renormalised without them), and every row's EOS log-probability.
 
@@ -64,12 +65,15 @@ def best_tokens(logits: Tensor, k: int) -> NextTokens:
     maxima, which hold them (a group holding one of them has a maximum at least as large). Their
     log-probabilities are the logits minus the log-sum-exp, in float32. This reads the logits about
     twice where `log_softmax` and `topk` over whole rows read them several times. Elsewhere it is
-    `log_softmax` + `topk`. Equal logits may be ranked in a different order by the two.
+    `log_softmax` + `topk`. Equal logits may be ranked in a different order by the two. `normalized`:
+    the rows are log-probabilities already (an ensemble's), taken as they are.
     """
     N, V = logits.shape
     G = group_size(V)
-    if not (torch.compiler.is_compiling() and logits.device.type == "cpu" and G and k <= V // G):
-        log_probs = torch.log_softmax(logits, dim=-1)  # accumulates in fp32; keeps the logits' dtype
+    grouped = torch.compiler.is_compiling() and logits.device.type == "cpu" and G and k <= V // G
+    if normalized or not grouped:
+        # log_softmax accumulates in fp32 and keeps the logits' dtype
+        log_probs = logits.clone() if normalized else torch.log_softmax(logits, dim=-1)
         log_probs[:, PAD] = -math.inf
         log_probs[:, BOS] = -math.inf
         top, tokens = log_probs.topk(min(k, V), dim=-1)

@@ -102,7 +102,7 @@ def _start(cfg: TranslateConfig, dtype: torch.dtype, started: Any) -> None:
     keep_freed_memory()
     _replica.update(cfg=cfg, started=started, failure="")
     try:
-        model, _, _ = model_file.load_model(Path(cfg.model), torch.device("cpu"))
+        model, _, _ = model_file.load_model(Path(cfg.model[0]), torch.device("cpu"))
         model = model.to(dtype)
         compile_decoder(model, cfg.beam)
         _replica["model"] = model

@@ -34,7 +34,7 @@ import math
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import NamedTuple, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -53,9 +53,22 @@ class Hypothesis(NamedTuple):
     log_prob: float  # log P(Y | X), EOS included
 
 
-def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
-    """GNMT length penalty lp(|Y|) = ((5 + |Y|) / 6) ** alpha (Wu et al. 2016, eq. 14); |Y| counts EOS."""
-    return ((5 + length) / 6) ** alpha
+class Penalty(NamedTuple):
+    """A length penalty's alpha and its form (a plain float alpha is GNMT's)."""
+
+    alpha: float
+    form: Literal["gnmt", "fairseq"] = "gnmt"
+
+
+def length_penalty(length: int | Tensor, alpha: float | Penalty) -> float | Tensor:
+    """GNMT length penalty lp(|Y|) = ((5 + |Y|) / 6) ** alpha (Wu et al. 2016, eq. 14), or fairseq's
+    |Y| ** alpha; |Y| counts EOS. Both grow with |Y| (alpha >= 0), as the search's bound needs."""
+    alpha, form = alpha if isinstance(alpha, Penalty) else (alpha, "gnmt")
+    match form:
+        case "gnmt":
+            return ((5 + length) / 6) ** alpha
+        case "fairseq":
+            return length**alpha
 
 
 def max_output_lengths(src_lengths: Tensor, max_len_a: float, max_len_b: int, max_positions: int) -> Tensor:
@@ -156,7 +169,7 @@ class _Finished:
         self.hypotheses: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
         self.nth_best = torch.full((batch_size,), -math.inf, device=device)  # by original sentence
 
-    def add(self, sentence: int, tokens: list[int], log_prob: float, alpha: float) -> None:
+    def add(self, sentence: int, tokens: list[int], log_prob: float, alpha: float | Penalty) -> None:
         found = self.hypotheses[sentence]
         found.append(Hypothesis(tokens, log_prob / length_penalty(len(tokens) + 1, alpha), log_prob))
         found.sort(key=lambda h: -h.score)
@@ -165,8 +178,8 @@ class _Finished:
 
 
 @torch.inference_mode()
-def beam_search(model: Transformer, src: Tensor, *, beam: int, nbest: int, lenpen: float, max_len_a: float,
-                max_len_b: int, cached: bool = True) -> list[list[Hypothesis]]:
+def beam_search(model: Transformer, src: Tensor, *, beam: int, nbest: int, lenpen: float | Penalty,
+                max_len_a: float, max_len_b: int, cached: bool = True) -> list[list[Hypothesis]]:
     """Translate one batch: src (B, S) source ids, right-padded, each ending in EOS.
 
     Returns, for each sentence in order, its best `nbest` hypotheses, best first (fewer only when the
@@ -299,7 +312,8 @@ def translate_ids(model: Transformer, sources: Sequence[Sequence[int]], cfg: Tra
         return src
 
     def search(src: Tensor) -> list[list[Hypothesis]]:
-        return beam_search(model, src.to(device), beam=cfg.beam, nbest=cfg.nbest, lenpen=cfg.lenpen,
+        return beam_search(model, src.to(device), beam=cfg.beam, nbest=cfg.nbest,
+                           lenpen=Penalty(cfg.lenpen, cfg.length_penalty),
                            max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b, cached=cached)
 
     def record(batch: np.ndarray, hypotheses: list[list[Hypothesis]]) -> None:

@@ -32,6 +32,8 @@ from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.data.bpe import sentencepiece_processor
 from nmt_cli.data.dataset import EOS, Dictionary
 from nmt_cli.errors import NmtError
+from nmt_cli.inference import ct2
+from nmt_cli.inference.ensemble import Ensemble, check_members
 from nmt_cli.inference.replicas import Replicas, describe
 from nmt_cli.inference.search import compile_decoder, keep_freed_memory, translate_ids
 from nmt_cli.model import file as model_file
@@ -68,8 +70,9 @@ class Translator:
 
     def __init__(self, model: Transformer, dictionary: Dictionary, sp: spm.SentencePieceProcessor,
                  cfg: TranslateConfig, warn: Warn, workers: int = 1,
-                 replicas: Replicas | None = None) -> None:
+                 replicas: Replicas | None = None, search: ct2.Search | None = None) -> None:
         self.model, self.dictionary, self.sp, self.cfg, self.warn = model, dictionary, sp, cfg, warn
+        self.search = search  # another engine's search (an exported CTranslate2 folder); None: nmt's
         self.workers = workers  # batches searched at once (see `translate_ids`)
         self.replicas = replicas  # worker processes that search instead, if any: `close` stops them
 
@@ -117,8 +120,9 @@ class Translator:
                 sources.append(ids)
                 where.append(i)
         try:
-            found = translate_ids(self.model, sources, self.cfg, on_batch, self.workers,
-                                  replicas=self.replicas)
+            found = (self.search(sources, on_batch) if self.search is not None
+                     else translate_ids(self.model, sources, self.cfg, on_batch, self.workers,
+                                        replicas=self.replicas))
         except BrokenProcessPool:  # only worker processes (--compile) break this way
             raise NmtError(_worker_died("translating")) from None
         results: list[list[tuple[float, str]]] = [[] for _ in lines]
@@ -184,6 +188,8 @@ def _check(cfg: TranslateConfig) -> None:
                        "(or leave --input out to read stdin)")
     if cfg.output is not None:
         check_output_file(cfg.output, "--output")
+    if cfg.compile and len(cfg.model) > 1:
+        raise NmtError("--compile translates with one model: leave it out for an ensemble")
 
 
 def load_translator(cfg: TranslateConfig, warn: Warn) -> Translator:
@@ -192,6 +198,10 @@ def load_translator(cfg: TranslateConfig, warn: Warn) -> Translator:
     (small) operation of a decoding step. A compiled decoder (`cfg.compile`) on the CPU does the
     same in `threads` worker processes (`Replicas`: dynamo must not run in two threads); on a GPU it
     searches one batch at a time. Close the translator when done."""
+    if len(cfg.model) == 1 and (Path(cfg.model[0]) / "nmt.json").is_file():  # by `nmt export ctranslate2`
+        engine = ct2.Engine(cfg, warn)
+        sp = sentencepiece_processor(engine.spm_bytes, f"{cfg.model[0]}/spm.model", "export the model again")
+        return Translator(engine.model, engine.dictionary, sp, cfg, warn, search=engine.search)
     device, dtype = _device_and_dtype(cfg)
     workers = 1
     if device.type == "cpu":
@@ -200,8 +210,12 @@ def load_translator(cfg: TranslateConfig, warn: Warn) -> Translator:
         torch.set_num_threads(1)
     elif cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    model, dictionary, spm_bytes = model_file.load_model(cfg.model, device)
-    sp = sentencepiece_processor(spm_bytes, f"the sentencepiece model inside {cfg.model}",
+    loaded = [model_file.load_model(path, device) for path in cfg.model]
+    check_members(list(cfg.model), [d for _, d, _ in loaded], [b for _, _, b in loaded])
+    model, dictionary, spm_bytes = loaded[0]
+    if len(loaded) > 1:
+        model = Ensemble([m for m, _, _ in loaded])
+    sp = sentencepiece_processor(spm_bytes, f"the sentencepiece model inside {cfg.model[0]}",
                                  "the file is damaged or was not written by nmt")
     model = model.to(dtype)
     replicas = None

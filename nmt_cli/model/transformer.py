@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt_cli.config.model import ModelConfig
-from nmt_cli.data.dataset import PAD
+from nmt_cli.data.dataset import BOS, EOS, PAD
 from nmt_cli.model.kernels import Dropout, attention, attention_weights, cached_attention
 
 # One dict per decoder layer: "memory_k"/"memory_v" over the encoder output (one copy per sentence),
@@ -50,6 +50,17 @@ def sinusoids(length: int, d_model: int) -> Tensor:
     table[:, 0::2] = torch.sin(pos * inv_freq)
     table[:, 1::2] = torch.cos(pos * inv_freq)
     return table.float()  # (L, D)
+
+
+def fairseq_sinusoids(length: int, d_model: int, offset: int = 2) -> Tensor:
+    """fairseq's sinusoids (tensor2tensor's variant, not section 3.5's): frequencies
+    10000^(-i / (D/2 - 1)) for i < D/2, the sin of every frequency first, then the cos; position p of a
+    sentence (from 0) reads the row of p + `offset` (fairseq counts from its padding index + 1 = 2)."""
+    half = d_model // 2
+    pos = torch.arange(offset, offset + length, dtype=torch.float32)[:, None]  # (L, 1)
+    freq = torch.exp(torch.arange(half, dtype=torch.float32) * -(math.log(10000.0) / (half - 1)))
+    angles = pos * freq[None, :]  # float32, as fairseq computes them
+    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)  # (L, D)
 
 
 class Encoded(NamedTuple):
@@ -223,20 +234,30 @@ def _reorder_rows(cache: dict[str, Tensor], name: str, order: Tensor) -> None:
 class Transformer(nn.Module):
     """Encoder-decoder with one embedding matrix shared by source, target and output (section 3.4),
     positions added as sinusoids (section 3.5) or, with `positions: learned`, from a trained table
-    (section 3.5 and table 3 row E)."""
+    (section 3.5 and table 3 row E).
+
+    The settings a fairseq model needs (`nmt import fairseq`): separate source (`src_embed`) and output
+    (`output_proj`) matrices, separate learned position tables, an output over only the first
+    `output_vocab` dictionary entries, fairseq's sinusoids, and EOS as the decoder's first input.
+    """
 
     def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
         super().__init__()
         self.cfg, self.vocab_size = cfg, vocab_size
-        self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=PAD)
-        nn.init.normal_(self.embed.weight, mean=0.0, std=cfg.d_model**-0.5)  # unit variance after * sqrt(D)
-        with torch.no_grad():
-            self.embed.weight[PAD].zero_()
+        self.output_vocab = cfg.output_vocab or vocab_size
+        self.embed = self._table(vocab_size, padding=True)  # target input (and source, output when shared)
+        if cfg.share_embeddings != "all":
+            self.src_embed = self._table(vocab_size, padding=True)
+        if cfg.share_embeddings == "none":
+            self.output_proj = self._table(self.output_vocab)
         if cfg.positions == "learned":
-            self.learned_positions = nn.Embedding(cfg.max_positions, cfg.d_model)
-            nn.init.normal_(self.learned_positions.weight, mean=0.0, std=cfg.d_model**-0.5)
+            self.learned_positions = self._table(cfg.max_positions)
+            if not cfg.shared_positions:
+                self.src_learned_positions = self._table(cfg.max_positions)
         else:
-            self.register_buffer("positions", sinusoids(cfg.max_positions, cfg.d_model), persistent=False)
+            table = (sinusoids if cfg.positions == "sinusoidal" else fairseq_sinusoids)(cfg.max_positions,
+                                                                                      cfg.d_model)
+            self.register_buffer("positions", table, persistent=False)
         self.embed_dropout = Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
@@ -245,19 +266,34 @@ class Transformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
 
-    def _embed(self, tokens: Tensor, start: int = 0) -> Tensor:  # (B, L) -> (B, L, D)
+    def _table(self, rows: int, padding: bool = False) -> nn.Embedding:
+        table = nn.Embedding(rows, self.cfg.d_model, padding_idx=PAD if padding else None)
+        nn.init.normal_(table.weight, mean=0.0, std=self.cfg.d_model**-0.5)  # unit variance after * sqrt(D)
+        if padding:
+            with torch.no_grad():
+                table.weight[PAD].zero_()
+        return table
+
+    def _embed(self, tokens: Tensor, start: int = 0, source: bool = False) -> Tensor:  # (B, L) -> (B, L, D)
         length = tokens.shape[1]
         if start + length > self.cfg.max_positions:
             raise ValueError(f"sequence of {start + length} tokens exceeds "
                              f"max_positions={self.cfg.max_positions}")
-        table = self.learned_positions.weight if self.cfg.positions == "learned" else self.positions
-        x = self.embed(tokens) * math.sqrt(self.cfg.d_model) + table[start : start + length]
+        if self.cfg.positions == "learned":
+            table = (self.src_learned_positions if source and not self.cfg.shared_positions
+                     else self.learned_positions).weight
+        else:
+            table = self.positions
+        if not source and self.cfg.decoder_start == "eos":  # fairseq's decoder reads EOS where nmt's BOS
+            tokens = tokens.masked_fill(tokens == BOS, EOS)
+        embed = self.src_embed if source and self.cfg.share_embeddings != "all" else self.embed
+        x = embed(tokens) * math.sqrt(self.cfg.d_model) + table[start : start + length]
         return self.embed_dropout(x)
 
     def encode(self, src: Tensor) -> Encoded:
         """src (B, S) token ids, right-padded with PAD, each ending in EOS."""
         mask = (src != PAD)[:, None, None, :]  # (B, 1, 1, S)
-        x = self._embed(src)
+        x = self._embed(src, source=True)
         for layer in self.encoder:
             x = layer(x, mask)
         return Encoded(self.encoder_norm(x), mask)
@@ -269,8 +305,11 @@ class Transformer(nn.Module):
             x = layer(x, enc, None)
         return self.decoder_norm(x)
 
-    def logits(self, hidden: Tensor) -> Tensor:  # (..., D) -> (..., V), the tied output projection
-        return F.linear(hidden, self.embed.weight)
+    def logits(self, hidden: Tensor) -> Tensor:
+        """(..., D) -> (..., V_out): the output projection, tied to the embedding unless separate; over
+        the first `output_vocab` dictionary entries (all of them unless set)."""
+        weight = self.output_proj.weight if self.cfg.share_embeddings == "none" else self.embed.weight
+        return F.linear(hidden, weight[: self.output_vocab])
 
     def forward(self, src: Tensor, prev: Tensor, keep: Tensor | None = None) -> Tensor:
         """Teacher-forced logits (B, T, V), or (N, V) for the N positions where `keep` (B, T) is True:

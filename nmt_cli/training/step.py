@@ -21,7 +21,7 @@ from torch import Tensor
 
 from nmt_cli import hooks
 from nmt_cli.config.train import TrainConfig
-from nmt_cli.data.dataset import PAD, collate
+from nmt_cli.data.dataset import PAD, UNK, collate
 from nmt_cli.errors import NmtError
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.training import corpus, distributed, guard
@@ -34,7 +34,11 @@ def micro_batch_loss(model: torch.nn.Module, batch: dict[str, Tensor],
     """(label-smoothed loss, nll) of one micro-batch, summed over its real target tokens."""
     keep = batch["target"] != PAD  # (B, T)
     logits = model(batch["src"], batch["prev"], keep)  # (N, V), only real target positions
-    return label_smoothed_nll(logits, batch["target"][keep], epsilon)
+    # A model with separate dictionaries scores only the target's (`output_vocab`): a source-only symbol in
+    # a reference is an unknown target word to it, as to fairseq.
+    target = batch["target"][keep]
+    target = target.masked_fill(target >= logits.shape[-1], UNK)
+    return label_smoothed_nll(logits, target, epsilon)
 
 
 class Outcome(NamedTuple):

@@ -25,7 +25,7 @@ from nmt_cli.config.train import TrainConfig
 from nmt_cli.data.dataset import EOS, PAD, collate
 from nmt_cli.errors import NmtError
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.training import checkpoint, corpus, distributed, flops, guard
+from nmt_cli.training import checkpoint, corpus, distributed, finetune, flops, guard
 from nmt_cli.training import optim as optim_lib
 from nmt_cli.training.counters import Counters
 from nmt_cli.training.loss import per_token
@@ -35,6 +35,7 @@ from nmt_cli.training.trainlog import JSONL, Interval, TrainLog, truncate_after
 
 
 def run(cfg: TrainConfig) -> None:
+    cfg = finetune.with_init_model(cfg)
     if cfg.checkpoint.best_metric == "bleu" and not cfg.valid.bleu:
         raise NmtError("checkpoint.best_metric=bleu needs validation BLEU: add --valid-bleu")
     if cfg.try_largest_batch and not cfg.dry_run:
@@ -98,6 +99,9 @@ class Trainer:
         if distributed.broadcast(resumed, self.ctx) != resumed:
             raise NmtError(f"the workers see different checkpoints in {save_dir}; every node must use the "
                            "same shared --save-dir")
+        if found is None and cfg.init is not None:
+            finetune.load_init_weights(self.step.model, cfg, self.data)
+            log.info(f"starting from the weights of {cfg.init}")
         if found is not None:
             path, state, problems = found
             for problem in problems:
