@@ -224,7 +224,8 @@ def _prepare_ptb(cfg: PrepareConfig, stage: StageOutput, src: str, tgt: str) -> 
         origin = f"{paths[0].name} .. {paths[-1].name}"
         with _split_writer(stage, split, src, tgt, origin) as write, \
                 atomic_writer(stage.out / name, "wb") as trees:
-            counts = ptb.write_split(paths, cfg.pos_tags, write, trees, split)
+            counts = ptb.write_split(paths, cfg.pos_tags, write, trees, split,
+                                     cfg.max_words if split == "train" else 0)
         stage.add_output(name, lines=counts["trees"])
         stage.info["splits"][split].update(counts, references=name)
     stage.info["cleaning"] = {"applied_to": "nothing: every tree is kept as the treebank has it"}

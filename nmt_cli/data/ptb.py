@@ -12,7 +12,8 @@ NLTK's, files 0001-0099 of section 00). Per tree, in file order:
 - ``{split}.trees``: the treebank's own tree on one line, root labelled TOP, function tags and empty
   elements left in: the reference of `nmt score --task parse` (EVALB removes them itself).
 
-A tree with nothing but empty elements is left out of all three (counted in the manifest).
+A tree with nothing but empty elements is left out of all three, and so is a training tree of more
+than `max_words` words (by default none of WSJ's); both are counted in the manifest.
 """
 
 from __future__ import annotations
@@ -98,10 +99,12 @@ Write = Callable[[str, str], None]
 
 
 def write_split(paths: list[Path], pos_tags: treebank.PosTags, write: Write, trees: IO[bytes],
-                name: str) -> dict[str, int]:
+                name: str, max_words: int = 0) -> dict[str, int]:
     """Each tree of `paths` as a (words, linearised tree) pair through `write` and as a reference
-    line in `trees`; returns the counts for the manifest."""
-    counts = {"files": len(paths), "trees": 0, "words": 0, "empty_trees_left_out": 0}
+    line in `trees`, leaving out trees of more than `max_words` words (0: none); returns the counts
+    for the manifest."""
+    counts = {"files": len(paths), "trees": 0, "words": 0, "empty_trees_left_out": 0,
+              "long_trees_left_out": 0}
     line = lambda p: f"prepare ptb {name}: {p.done}/{len(paths)} files, {counts['trees']} trees"  # noqa: E731
     with ProgressReport(f"reading {name}", len(paths), line, every_seconds=10) as report:
         for path in paths:
@@ -111,6 +114,9 @@ def write_split(paths: list[Path], pos_tags: treebank.PosTags, write: Write, tre
                     counts["empty_trees_left_out"] += 1
                     continue
                 words = normal.words()
+                if max_words and len(words) > max_words:
+                    counts["long_trees_left_out"] += 1
+                    continue
                 write(" ".join(words), treebank.linearise(normal, pos_tags))
                 trees.write((treebank.to_string(treebank.with_root(tree)) + "\n").encode("utf-8"))
                 counts["trees"] += 1
