@@ -95,7 +95,7 @@ def test_random_corruptions_always_give_a_valid_tree_over_the_words() -> None:
     ("", "too few words"),
 ])
 def test_each_kind_of_repair_is_named(output: str, repair: str) -> None:
-    words = "The cat sat on the mat .".split()
+    words = ["The", "cat", "sat", "on", "the", "mat", "."]
     tree, repairs = rebuild(output, words)
     assert repair in repairs and valid(tree, words)
 
