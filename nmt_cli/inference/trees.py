@@ -12,10 +12,12 @@ named, so that `translate` counts them and no sentence is dropped:
 - constituents still open at the end (the length limit hit, or a bracket forgotten): closed
   (``unclosed brackets``);
 - more word tokens than input words: the extra ones dropped (``too many words``); fewer: the
-  missing words added (tagged XX, or by their form when they are punctuation EVALB deletes: ``.``
-  is ``.``) at the end of the first top-level constituent, or of the root when
+  missing words added at the end of the first top-level constituent, or of the root when
   there is none (``too few words``);
-- constituents left without a word: removed (``empty constituent``).
+- constituents left without a word: removed (``empty constituent``);
+- a mark of punctuation the treebank always tags one way (``.``, ``,``, ``;``, ``--``, ...) given
+  another tag (``XX`` for ``.``): that tag (``punctuation tag``; see `_tag_of`), since EVALB deletes words by
+  their tag and a disagreement would make the whole sentence an error.
 
 The result is always a tree EVALB reads, rooted at ``TOP``, whose words are the input's.
 """
@@ -24,9 +26,9 @@ from __future__ import annotations
 
 from nmt_cli.data.treebank import NORMALISED_TAG, ROOT, Tree, to_string
 
-# Words the treebank always tags with one of the punctuation tags EVALB deletes.
-_PUNCTUATION = {",": ",", ".": ".", "?": ".", "!": ".", ":": ":", ";": ":", "--": ":", "...": ":", "``": "``",
-                "''": "''"}
+# Words the treebank tags with one of the punctuation tags EVALB deletes, always the same one.
+_PUNCTUATION = {",": ",", ".": ".", "?": ".", "!": ".", ":": ":", ";": ":", "--": ":", "-": ":", "...": ":",
+                "``": "``", "`": "``", "''": "''"}
 _ESCAPES = str.maketrans({"(": "-LRB-", ")": "-RRB-"})  # as the treebank writes brackets in words
 
 
@@ -42,18 +44,24 @@ def rebuild(output: str, words: list[str]) -> tuple[Tree, list[str]]:
     elif len(leaves) < len(words):
         repairs.append("too few words")
         host = next((child for child in root.children if not child.is_preterminal), root)
-        host.children += [Tree(_tag_of(word), word="") for word in words[len(leaves):]]
+        host.children += [Tree(NORMALISED_TAG, word="") for _ in words[len(leaves):]]
     for leaf, word in zip(root.preterminals(), words, strict=True):
         leaf.word = word.translate(_ESCAPES)  # a bracket in a word would end its leaf
+        tag = _tag_of(word, leaf.label)
+        if tag != leaf.label:
+            _note(repairs, "punctuation tag")
+            leaf.label = tag
     if _prune(root):
         repairs.append("empty constituent")
     return root, repairs
 
 
-def _tag_of(word: str) -> str:
-    """The tag of an added word: the treebank's tag of the punctuation marks EVALB deletes (so that
-    it deletes the word from this tree as from the reference), else XX."""
-    return _PUNCTUATION.get(word, NORMALISED_TAG)
+def _tag_of(word: str, token: str) -> str:
+    """The tag of `word` whose output token was `token`: EVALB deletes a word by its tag, so that a
+    mark of punctuation the model tags otherwise (``XX`` for ``.``) would make the sentence an error.
+    The marks the treebank always tags one way get that tag; every other word keeps the model's
+    token (``'`` is a possessive or a closing quote as the model says)."""
+    return _PUNCTUATION.get(word, token)
 
 
 def as_tree_line(output: str, words: list[str]) -> tuple[str, list[str]]:
