@@ -40,6 +40,7 @@ def rebuild(output: str, words: list[str]) -> tuple[Tree, list[str]]:
     repairs: list[str] = []
     root = _read(output.split(), repairs)
     leaves = list(root.preterminals())
+    added: set[int] = set()
     if len(leaves) > len(words):
         repairs.append("too many words")
         _drop_leaves(root, set(map(id, leaves[len(words):])))
@@ -47,12 +48,13 @@ def rebuild(output: str, words: list[str]) -> tuple[Tree, list[str]]:
         repairs.append("too few words")
         host = next((child for child in root.children if not child.is_preterminal), root)
         host.children += [Tree(NORMALISED_TAG, word="") for _ in words[len(leaves):]]
+        added = set(map(id, host.children[len(host.children) - (len(words) - len(leaves)):]))
     for leaf, word in zip(root.preterminals(), words, strict=True):
         leaf.word = word.translate(_ESCAPES)  # a bracket in a word would end its leaf
         tag = _tag_of(word, leaf.label)
-        if tag != leaf.label:
+        if tag != leaf.label and id(leaf) not in added:
             _note(repairs, "punctuation tag")
-            leaf.label = tag
+        leaf.label = tag
     if _prune(root):
         repairs.append("empty constituent")
     return root, repairs
