@@ -106,3 +106,21 @@ def test_added_punctuation_is_tagged_so_that_evalb_deletes_it_and_brackets_in_wo
     line, repairs = as_tree_line("(S (NP XX )NP", ["(", "Hi", ")", "."])
     assert line == "(TOP (S (NP (XX -LRB-)) (XX Hi) (XX -RRB-) (. .)))" and "too few words" in repairs
     assert as_tree_line("(S XX )S", []) == ("", [])
+
+
+def test_translate_writes_one_tree_per_line_in_order_and_counts_repairs(tiny_trained_model, tmp_path) -> None:
+    """A model that is no parser (it copies toy sentences): every output needs repair, every line
+    still gets its tree over its own words, an empty line stays empty, and the count is reported."""
+    from conftest import nmt
+
+    lines = ["red cat sings", "", "the old dog runs near the river", "a"]
+    source = tmp_path / "in.txt"
+    source.write_text("".join(f"{line}\n" for line in lines))
+    proc = nmt("translate", tiny_trained_model, "--input", source, "--output", tmp_path / "out.trees",
+               "--output-format", "tree", "--beam", 3, "--lenpen", 0.3, "--set", "max_len_b=30")
+    written = (tmp_path / "out.trees").read_text().split("\n")[:-1]
+    assert len(written) == len(lines) and written[1] == ""
+    for line, tree in zip(lines, written, strict=True):
+        if line:
+            assert evalb.read_sentence(tree).words == line.split() and tree.startswith("(TOP ")
+    assert "translate: 3 trees, 3 repaired (" in proc.stderr
