@@ -14,6 +14,11 @@
   hypothesis. Roughly one point above sacreBLEU for the same output, which is why the two are
   labelled apart.
 
+`--task parse` scores parse trees instead, as EVALB with COLLINS.prm does (`evalb.py`), written as
+``{"task": "parse", "hyp", "ref", "sentences", "signature", "all": {...}, "len<=40": {...},
+"problems": [{"line", "reason"}]}`` (each of "all" and "len<=40": recall, precision, f1,
+complete_match, average_crossing, tagging_accuracy, and the sentence and bracket counts).
+
 The scores are printed and written as JSON (`--json`, default HYP.scores.json):
 ``{"hyp", "ref", "segments", "target_lang", "sacrebleu": {"score", "signature", "verbose",
 "comparable_to"}, "chrf": {"score", "signature"}, "tokenized_bleu": {"score", "signature", "verbose",
