@@ -58,7 +58,8 @@ COMMANDS = {
     "translate": (TranslateConfig,
                   "Translate raw text with beam search (file or stdin; output in input order)."),
     "score": (ScoreConfig,
-              "Score a translation: sacreBLEU with signature, chrF, and the paper's tokenized BLEU."),
+              "Score a translation: sacreBLEU with signature, chrF, and the paper's tokenized BLEU "
+              "(--task parse: parse trees, EVALB's labelled F1)."),
     "plot": (PlotConfig, "Draw training curves (loss, perplexity, BLEU, learning rate) of one or more runs."),
     "attention": (AttentionConfig,
                   "Draw a model's attention weights on one sentence as heatmaps (or write them as JSON)."),

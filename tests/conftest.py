@@ -31,6 +31,16 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+@pytest.fixture(scope="session")
+def ptb_sample() -> Path:
+    """The 99 files of the Penn Treebank sample (wsj_0001 .. wsj_0099); skips the test when absent."""
+    folder = SHARED_DATA / "ptb-sample"
+    if not (folder / "wsj_0099.mrg").is_file():
+        pytest.skip(f"the Penn Treebank sample is not at {folder} (set NMT_SHARED_DATA to the shared/data "
+                    "folder)")
+    return folder
+
+
 def nmt(*args: object, check: bool = True, input: str | bytes | None = None, timeout: float = 1200,
         env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run the real `nmt` command line in a fresh Python process, as a user would."""

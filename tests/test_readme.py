@@ -37,6 +37,8 @@ EXERCISED_ELSEWHERE = {
     "--gpus 8 --nnodes 2 --node-rank 1 "
     "--rdzv-endpoint node0:29500": "test_recipes.py::test_two_machines_train_together",
     ".venv/bin/python -m pytest": "the test suite itself, as .ci/run runs it",
+    "bash recipes/wsj_parsing/run.sh --treebank /data/treebank_3/parsed/mrg/wsj "
+    "--gpus 8": "test_parsing.py::test_recipe_smoke_runs_every_stage_on_a_tiny_treebank",
 }
 
 

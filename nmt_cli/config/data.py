@@ -8,13 +8,14 @@ from typing import Literal
 
 from nmt_cli.config.core import opt, required
 
-Dataset = Literal["wmt14-en-de", "wmt14-en-fr", "local", "toy"]
+Dataset = Literal["wmt14-en-de", "wmt14-en-fr", "local", "toy", "ptb"]
 
 
 @dataclass
 class PrepareConfig:
     dataset: Dataset = required(
-        "wmt14-en-de, wmt14-en-fr, local (your own files) or toy (generated, offline)", argument=True)
+        "wmt14-en-de, wmt14-en-fr, local (your own files), toy (generated, offline) or ptb (Penn Treebank "
+        "parsing: words to linearised trees)", argument=True)
     out: Path = required("output folder for {train,valid,test}.{SRC,TGT} and manifest.json",
                          flag="--out", short="-o")
     src_lang: str | None = opt(None, "source language code (default: en; required for local)",
@@ -55,6 +56,14 @@ class PrepareConfig:
     invalid_utf8: Literal["auto", "error", "replace"] = opt(
         "auto", "auto: error for local files, replace (counted, reported) for downloaded corpora")
     workers: int = opt(0, "processes for cleaning (0: one per CPU core)", flag="--workers", at_least=0)
+    treebank: Path | None = opt(None, "ptb: the Penn Treebank folder (LDC99T42's parsed/mrg/wsj, or any "
+                                "folder holding wsj_NNNN.mrg files)", flag="--treebank")
+    split_files: str | None = opt(
+        None, "ptb: the files of each split by their number NNNN, e.g. train=1-79,valid=80-89,test=90-99 "
+        "(default: the standard split, sections 02-21, 22 and 23)", flag="--split-files")
+    pos_tags: Literal["normalise", "keep"] = opt(
+        "normalise", "ptb: in the linearised tree a word is XX (normalise; the punctuation tags EVALB "
+        "deletes stay) or its part-of-speech tag (keep)", flag="--pos-tags")
 
 
 @dataclass

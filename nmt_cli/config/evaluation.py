@@ -19,6 +19,11 @@ class ScoreConfig:
     out_json: Path | None = opt(None, "write the scores here as JSON (default: HYP.scores.json)",
                                 flag="--json")
     tokenize: str = opt("13a", "sacreBLEU tokenizer (13a is its standard)")
+    task: Literal["translation", "parse"] = opt(
+        "translation", "translation: BLEU and chrF of text; parse: EVALB's labelled bracketing F1 of trees "
+        "(one per line; COLLINS.prm, as parsers report)", flag="--task")
+    cutoff_len: int = opt(40, "parse: the short-sentence subset holds sentences of at most this many words "
+                          "(EVALB's CUTOFF_LEN)", at_least=1)
 
 
 @dataclass

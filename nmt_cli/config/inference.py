@@ -33,8 +33,10 @@ class TranslateConfig:
                            at_least=1)
     input_format: Literal["raw", "pieces"] = opt(
         "raw", "raw text, or text already split into sentencepiece pieces", flag="--input-format")
-    output_format: Literal["raw", "pieces"] = opt(
-        "raw", "detokenized text, or space-separated sentencepiece pieces", flag="--output-format")
+    output_format: Literal["raw", "pieces", "tree"] = opt(
+        "raw", "detokenized text, space-separated sentencepiece pieces, or (a parsing model of `nmt prepare "
+        "ptb`) the output as a bracketed tree over the input's words, ill-formed ones repaired and counted",
+        flag="--output-format")
     device: Device = opt("auto", "auto: cuda when available, else cpu", flag="--device")
     dtype: Precision = opt("auto", "auto: bf16 on cuda, fp32 on cpu", flag="--dtype")
     threads: int = opt(0, "CPU threads (0: one per core); on the CPU each searches its own batch",

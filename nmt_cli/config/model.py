@@ -67,5 +67,11 @@ ARCHS: dict[str, ModelConfig] = {
     "transformer_big": ModelConfig(d_model=1024, d_ff=4096, heads=16, dropout=0.3),
     "transformer_small": ModelConfig(encoder_layers=3, decoder_layers=3, d_model=256, d_ff=1024, heads=4),
     "transformer_tiny": ModelConfig(encoder_layers=2, decoder_layers=2, d_model=128, d_ff=512, heads=4),
+    # Section 6.3, constituency parsing: 4 layers, d_model 1024, "all other parameters unchanged from
+    # the English-to-German base" (d_ff 2048, h 8). Dropout (residual and attention) was chosen on
+    # section 22 without the value given; 0.2 both is tensor2tensor's transformer_parsing_base.
+    "transformer_parse": ModelConfig(encoder_layers=4, decoder_layers=4, d_model=1024, d_ff=2048, heads=8,
+                                     dropout=0.2, attention_dropout=0.2),
 }
-Arch = Literal["transformer_base", "transformer_big", "transformer_small", "transformer_tiny"]
+Arch = Literal["transformer_base", "transformer_big", "transformer_small", "transformer_tiny",
+               "transformer_parse"]

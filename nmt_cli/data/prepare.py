@@ -59,6 +59,8 @@ def run(cfg: PrepareConfig) -> None:
                 _prepare_local(cfg, stage, src, tgt)
             case "toy":
                 _prepare_toy(cfg, stage, src, tgt)
+            case "ptb":
+                _prepare_ptb(cfg, stage, src, tgt)
     _summary(cfg.out, stage.info)
 
 
@@ -75,6 +77,13 @@ def languages(cfg: PrepareConfig) -> tuple[str, str]:
             from nmt_cli.data import toy
 
             src, tgt = _direction(cfg, "toy", (toy.SRC_LANG, toy.TGT_LANG))
+        case "ptb":
+            from nmt_cli.data import ptb
+
+            src, tgt = cfg.src_lang or ptb.SRC_LANG, cfg.tgt_lang or ptb.TGT_LANG
+            if (src, tgt) != (ptb.SRC_LANG, ptb.TGT_LANG):
+                raise NmtError(f"ptb parses {ptb.SRC_LANG} words into trees ({ptb.TGT_LANG}); leave out "
+                               "--src-lang and --tgt-lang")
         case "local":
             if not cfg.src_lang or not cfg.tgt_lang:
                 raise NmtError("`nmt prepare local` needs --src-lang and --tgt-lang: the suffixes of your "
@@ -107,6 +116,12 @@ def _check_options(cfg: PrepareConfig) -> None:
         raise NmtError("--train, --valid and --test are for `nmt prepare local`")
     network = {"--from": cfg.from_dir, "--mirror": cfg.mirror, "--downloads": cfg.downloads,
                "--checksums": cfg.checksums}
+    treebank = {"--treebank": cfg.treebank, "--split-files": cfg.split_files}
+    if cfg.dataset != "ptb" and any(v is not None for v in treebank.values()):
+        raise NmtError("--treebank and --split-files are for `nmt prepare ptb`")
+    if cfg.dataset == "ptb" and cfg.treebank is None:
+        raise NmtError("`nmt prepare ptb` needs --treebank DIR: the Penn Treebank's folder (LDC99T42, "
+                       "licensed: it cannot be downloaded), or any folder holding its wsj_NNNN.mrg files")
     if not wmt14 and any(v is not None for v in network.values()):
         names = ", ".join(k for k, v in network.items() if v is not None)
         raise NmtError(f"{names}: only the wmt14 datasets download anything")
@@ -194,6 +209,27 @@ def _prepare_toy(cfg: PrepareConfig, stage: StageOutput, src: str, tgt: str) -> 
                 a, b = a.translate(clean.LINE_BREAKS), b.translate(clean.LINE_BREAKS)
                 write(*((b, a) if reverse else (a, b)))
     stage.info["cleaning"] = {"applied_to": "nothing: the toy corpus is generated clean"}
+
+
+def _prepare_ptb(cfg: PrepareConfig, stage: StageOutput, src: str, tgt: str) -> None:
+    from nmt_cli.data import ptb
+
+    assert cfg.treebank is not None  # _check_options
+    files = ptb.find_files(Path(cfg.treebank))
+    splits = ptb.split_files(files, cfg.split_files)
+    stage.inputs["treebank"] = {"path": str(Path(cfg.treebank).absolute()), "files": len(files),
+                                "bytes": sum(p.stat().st_size for p in files.values())}
+    for split, paths in splits.items():
+        name = f"{split}.{ptb.TREES}"
+        origin = f"{paths[0].name} .. {paths[-1].name}"
+        with _split_writer(stage, split, src, tgt, origin) as write, \
+                atomic_writer(stage.out / name, "wb") as trees:
+            counts = ptb.write_split(paths, cfg.pos_tags, write, trees, split,
+                                     cfg.max_words if split == "train" else 0)
+        stage.add_output(name, lines=counts["trees"])
+        stage.info["splits"][split].update(counts, references=name)
+    stage.info["cleaning"] = {"applied_to": "nothing: every tree is kept as the treebank has it"}
+    stage.info["parsing"] = {"pos_tags": cfg.pos_tags, "split_files": cfg.split_files or ptb.STANDARD_SPLIT}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,6 +14,11 @@
   hypothesis. Roughly one point above sacreBLEU for the same output, which is why the two are
   labelled apart.
 
+`--task parse` scores parse trees instead, as EVALB with COLLINS.prm does (`evalb.py`), written as
+``{"task": "parse", "hyp", "ref", "sentences", "signature", "all": {...}, "len<=40": {...},
+"problems": [{"line", "reason"}]}`` (each of "all" and "len<=40": recall, precision, f1,
+complete_match, average_crossing, tagging_accuracy, and the sentence and bracket counts).
+
 The scores are printed and written as JSON (`--json`, default HYP.scores.json):
 ``{"hyp", "ref", "segments", "target_lang", "sacrebleu": {"score", "signature", "verbose",
 "comparable_to"}, "chrf": {"score", "signature"}, "tokenized_bleu": {"score", "signature", "verbose",
@@ -34,6 +39,7 @@ from sacremoses import MosesPunctNormalizer, MosesTokenizer
 from nmt_cli.artifacts import atomic_write_text, check_output_file, read_lines
 from nmt_cli.config.evaluation import ScoreConfig
 from nmt_cli.errors import NmtError
+from nmt_cli.evaluation import evalb
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
 
@@ -119,10 +125,23 @@ def _target_lang(cfg: ScoreConfig, ref: Path) -> tuple[str, str]:
 
 
 def run(cfg: ScoreConfig) -> None:
+    match cfg.task:
+        case "translation":
+            _score_translation(cfg)
+        case "parse":
+            _score_parse(cfg)
+
+
+def _out_json(cfg: ScoreConfig) -> Path:
     hyp_path = Path(cfg.hyp)
     out_json = (Path(cfg.out_json) if cfg.out_json is not None
                 else hyp_path.with_name(hyp_path.name + ".scores.json"))
     check_output_file(out_json, "--json")
+    return out_json
+
+
+def _score_translation(cfg: ScoreConfig) -> None:
+    hyp_path, out_json = Path(cfg.hyp), _out_json(cfg)
     ref_path = _reference(cfg)
     target_lang, lang_note = _target_lang(cfg, ref_path)
     hyps, refs = list(read_lines(hyp_path)), list(read_lines(ref_path))
@@ -141,3 +160,37 @@ def run(cfg: ScoreConfig) -> None:
           f"tokenized BLEU  {t['score']:6.2f}  {t['signature']}  "
           f"<- compare with {t['comparable_to']}{lang_note}\n"
           f"scores written to {out_json}")
+
+
+def _score_parse(cfg: ScoreConfig) -> None:
+    """EVALB's scores of the trees in --hyp against those in --ref (see `evalb.py`)."""
+    if cfg.ref is None or cfg.test_set is not None:
+        raise NmtError("--task parse needs the reference trees as --ref FILE, one tree per line "
+                       "(`nmt prepare ptb` writes them as raw/test.trees); --test-set is for translation")
+    hyp_path, ref_path, out_json = Path(cfg.hyp), Path(cfg.ref), _out_json(cfg)
+    hyps, refs = list(read_lines(hyp_path)), list(read_lines(ref_path))
+    if len(hyps) != len(refs):
+        raise NmtError(f"{hyp_path} has {len(hyps)} lines but the reference {ref_path} has {len(refs)}; "
+                       "each line must hold the tree of the same sentence as that line of the reference")
+    if not hyps:
+        raise NmtError(f"{hyp_path} and {ref_path} are empty: there is nothing to score")
+    try:
+        every, short, problems = evalb.evaluate(refs, hyps, cfg.cutoff_len)
+    except evalb.BadTree as e:
+        raise NmtError(f"{ref_path}, {e}: the reference must hold one tree per line, as "
+                       "`nmt prepare ptb` writes them") from None
+    short_name = f"len<={cfg.cutoff_len}"
+    report = {"task": "parse", "hyp": str(hyp_path), "ref": str(ref_path), "sentences": len(hyps),
+              "signature": evalb.SIGNATURE, "all": every.report(), short_name: short.report(),
+              "problems": [{"line": number, "reason": reason} for number, reason in problems]}
+    atomic_write_text(out_json, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    for number, reason in problems[:10]:
+        print(f"line {number}: not scored: {reason}")
+    if len(problems) > 10:
+        print(f"... {len(problems) - 10} more sentences not scored (all listed in {out_json})")
+    for name in ("all", short_name):
+        r = report[name]
+        print(f"{name:9} F1 {r['f1']:6.2f}  recall {r['recall']:6.2f}  precision {r['precision']:6.2f}  "
+              f"complete match {r['complete_match']:6.2f}  sentences {r['sentences']} "
+              f"({r['error_sentences']} errors, {r['skipped_sentences']} skipped)")
+    print(f"{evalb.SIGNATURE}\nscores written to {out_json}")

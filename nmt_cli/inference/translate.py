@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -36,6 +37,7 @@ from nmt_cli.inference import ct2
 from nmt_cli.inference.ensemble import Ensemble, check_members
 from nmt_cli.inference.replicas import Replicas, describe
 from nmt_cli.inference.search import compile_decoder, keep_freed_memory, translate_ids
+from nmt_cli.inference.trees import as_tree_line
 from nmt_cli.model import file as model_file
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.progress import ProgressReport
@@ -75,6 +77,7 @@ class Translator:
         self.search = search  # another engine's search (an exported CTranslate2 folder); None: nmt's
         self.workers = workers  # batches searched at once (see `translate_ids`)
         self.replicas = replicas  # worker processes that search instead, if any: `close` stops them
+        self.trees, self.repaired, self.repairs = 0, 0, Counter[str]()  # --output-format tree
 
     def close(self) -> None:
         if self.replicas is not None:
@@ -106,8 +109,31 @@ class Translator:
 
     def decode(self, tokens: Sequence[int]) -> str:
         pieces = self.dictionary.decode(tokens)
-        return clean_output(" ".join(pieces) if self.cfg.output_format == "pieces"
-                            else self.sp.decode(pieces))
+        match self.cfg.output_format:
+            case "pieces":
+                return clean_output(" ".join(pieces))
+            case "raw" | "tree":
+                return clean_output(self.sp.decode(pieces))
+
+    def as_trees(self, lines: Sequence[str], results: list[list[tuple[float, str]]],
+                 first_number: int) -> list[list[tuple[float, str]]]:
+        """Each output as a tree over its line's words (`trees.py`); a line with words but no output
+        (nothing the model reads) gets the tree repaired from nothing. Repairs are counted."""
+        trees = []
+        for i, (line, found) in enumerate(zip(lines, results, strict=True)):
+            words = line.split()
+            found = found or ([(float("-inf"), "")] if words else [])
+            built = [(score, *as_tree_line(text, words)) for score, text in found]
+            for _, _, repairs in built:
+                self.repairs.update(repairs)
+                self.repaired += bool(repairs)
+                if repairs and self.repaired <= 10:
+                    self.warn(f"line {first_number + i}: the output was not a well-formed tree; repaired "
+                              f"({', '.join(repairs)})" + ("; further repairs are only counted"
+                                                            if self.repaired == 10 else ""))
+            self.trees += len(built)
+            trees.append([(score, tree) for score, tree, _ in built])
+        return trees
 
     def translate(self, lines: Sequence[str], first_number: int = 1,
                   on_batch: Callable[[int], None] | None = None) -> list[list[tuple[float, str]]]:
@@ -128,6 +154,8 @@ class Translator:
         results: list[list[tuple[float, str]]] = [[] for _ in lines]
         for i, hypotheses in zip(where, found, strict=True):
             results[i] = [(h.score, self.decode(h.tokens)) for h in hypotheses]
+        if self.cfg.output_format == "tree":
+            return self.as_trees(lines, results, first_number)
         return results
 
     def format(self, results: list[list[tuple[float, str]]], first_number: int) -> str:
@@ -287,6 +315,10 @@ def run(cfg: TranslateConfig) -> None:
         seconds = time.perf_counter() - start
         print(f"translate: {lines} lines in {seconds:.1f} s ({lines / max(seconds, 1e-9):.1f} lines/s)",
               file=sys.stderr)
+    if cfg.output_format == "tree":
+        kinds = ", ".join(f"{kind} {count}" for kind, count in translator.repairs.most_common())
+        print(f"translate: {translator.trees} trees, {translator.repaired} repaired"
+              + (f" ({kinds})" if kinds else ""), file=sys.stderr)
 
 
 @contextlib.contextmanager
