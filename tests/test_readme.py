@@ -37,6 +37,18 @@ EXERCISED_ELSEWHERE = {
     "--gpus 8 --nnodes 2 --node-rank 1 "
     "--rdzv-endpoint node0:29500": "test_recipes.py::test_two_machines_train_together",
     ".venv/bin/python -m pytest": "the test suite itself, as .ci/run runs it",
+    # The interop block, on the two real fairseq models of ../shared/data/fairseq-model.
+    "nmt import fairseq fairseq/checkpoints/checkpoint_best.pt "
+    "--out imported.pt": "test_fairseq_import.py::test_imported_file_is_an_nmt_model",
+    "nmt translate imported.pt --input test.en "
+    "--length-penalty fairseq": "test_ctranslate2.py::test_exported_model_translates_as_nmt",
+    "nmt train data-bin-of-nmt --init imported.pt --save-dir "
+    "finetuned": "test_fairseq_import.py::test_fine_tuning_an_imported_model_lowers_its_validation_loss",
+    "nmt translate a.pt b.pt "
+    "--input test.en": "test_ensemble.py::test_the_command_line_translates_with_an_ensemble",
+    "nmt export ctranslate2 model.pt --out model-ct2 "
+    "--quantization int8": "test_ctranslate2.py::test_exported_model_translates_as_nmt",
+    "nmt translate model-ct2 --input test.en": "test_ctranslate2.py::test_exported_model_translates_as_nmt",
     "bash recipes/wsj_parsing/run.sh --treebank /data/treebank_3/parsed/mrg/wsj "
     "--gpus 8": "test_parsing.py::test_recipe_smoke_runs_every_stage_on_a_tiny_treebank",
 }

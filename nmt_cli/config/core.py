@@ -274,7 +274,8 @@ def _convert_tuple(value: Any, tp: Any, where: str) -> tuple:
     args = get_args(tp)
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)):
-        raise NmtError(f"{where} must be a list; got {value!r}")
+        wanted = "a path or a list of paths" if args and args[0] is Path else "a list"
+        raise NmtError(f"{where} must be {wanted}; got {value!r}")
     if len(args) == 2 and args[1] is Ellipsis:
         return tuple(convert(v, args[0], where) for v in items)
     if len(items) != len(args):
