@@ -77,3 +77,13 @@ def test_translate_warns_on_such_a_cpu(model_path: Path, dtype: str, cpu: Cpu,
     translator.close()
     assert [m for m in said if "--dtype bf16 on a CPU without native bf16" in m and "--dtype auto" in m] == (
         said[:1] if warned else [])
+
+
+def test_every_benchmark_table_starts_with_the_machine_and_its_cpu_capability() -> None:
+    """benchmarks/machine.py's line names torch's CPU capability and the bf16 flags; every script
+    that prints a table prints it."""
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    machine = (folder / "machine.py").read_text()
+    assert "get_cpu_capability()" in machine and '"avx512_bf16", "amx_bf16"' in machine
+    scripts = [p for p in folder.glob("*.py") if p.name != "machine.py"]
+    assert scripts and all("print(describe())" in p.read_text() for p in scripts), scripts

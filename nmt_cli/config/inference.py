@@ -20,8 +20,7 @@ class TranslateConfig:
                              flag="--input", short="-i")
     output: Path | None = opt(None, "where translations go, one line per input line (default: stdout)",
                               flag="--output", short="-o")
-    beam: int = opt(4, "beam size (1 with lenpen 0 or --beam-style shrinking: greedy search)", flag="--beam",
-                    at_least=1)
+    beam: int = opt(4, "beam size (1: greedy search)", flag="--beam", at_least=1)
     beam_style: BeamStyle = opt(
         "paper", "paper: `beam` live hypotheses at every step, finished ones collected beside them "
         "(tensor2tensor, fairseq); shrinking: a finished hypothesis takes its slot with it (Marian)",

@@ -13,8 +13,9 @@ The search, for each sentence (Y counts its EOS; log-probabilities are natural l
   - "shrinking" (Marian's): the best `width` extensions are kept, `width` = `beam` minus the
     hypotheses already finished: an extension ending in EOS leaves the beam as a finished
     hypothesis and its slot goes with it. With beam 1 this is greedy search.
-  With lenpen 0 both give greedy search at beam 1; with lenpen > 0 the paper's beam 1 can go on past
-  greedy's EOS and find a longer hypothesis that scores better.
+  Beam 1 is greedy search in both: tensor2tensor decodes greedily for beam size 1 (the paper's
+  rule would otherwise go on past greedy's EOS, looking for a longer output the length penalty
+  prefers).
 - PAD and BOS are never produced. At the maximum length (`max_output_lengths`) EOS is forced.
 - A sentence stops as soon as its `nbest`-th best finished score can no longer be beaten. The
   bound: a live hypothesis with log-probability s (<= 0) after t tokens can only finish with a
@@ -151,6 +152,7 @@ def beam_search(model: Transformer, src: Tensor, *, beam: int, nbest: int, lenpe
     docstring.
     """
     assert 1 <= nbest <= beam
+    style = style if beam > 1 else "shrinking"  # beam 1: greedy (see the module docstring)
     width = 2 * beam if style == "paper" else beam  # extensions looked at per sentence and step
     B, device = src.shape[0], src.device
     decoder = (IncrementalDecoder if cached else FullForwardDecoder)(model, src)
@@ -349,6 +351,7 @@ def reference_search(model: Transformer, source: Sequence[int], *, beam: int, nb
     """The search of the module docstring for one sentence, in plain Python over full forward passes
     (no cache, no batching, no shortcuts): the specification `beam_search` is tested against."""
     src = torch.tensor([list(source)])
+    style = style if beam > 1 else "shrinking"
     max_len = int(max_output_lengths(torch.tensor(len(source) - 1), max_len_a, max_len_b,
                                      model.cfg.max_positions))
     live: list[tuple[float, list[int]]] = [(0.0, [])]  # (log P, tokens)
