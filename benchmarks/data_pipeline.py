@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import describe
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
 SOURCES = [("wmt-train-sample-10k", "train"), ("multi30k/en-de", "train")]
@@ -94,6 +96,7 @@ def main() -> None:
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="nmt-bench-"))
     model = train_model(work, args.vocab_size)
+    print(describe())
     print("| stage | lines per side | lines (both sides, all splits) | seconds | lines/s | CPU s main | "
           "CPU s workers | lines per CPU-s | peak main MiB | peak worker MiB |")
     print("|---|---|---|---|---|---|---|---|---|---|")

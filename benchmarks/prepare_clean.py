@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import describe
 from rich.console import Console
 from rich.table import Table
 from sacremoses import MosesPunctNormalizer
@@ -78,6 +79,7 @@ def main() -> None:
         for workers in args.workers:
             rate, cpu = clean_rate(src, tgt, workers, args.pairs)
             table.add_row(f"Cleaner, all steps, workers={workers} (pairs)", f"{rate:,.0f}", f"{cpu:,.0f}")
+    print(describe())
     Console().print(table)
 
 

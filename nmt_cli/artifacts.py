@@ -24,7 +24,7 @@ from typing import IO, Any
 
 from nmt_cli import __version__
 from nmt_cli.config.core import dump_yaml, to_dict
-from nmt_cli.errors import NmtError
+from nmt_cli.errors import NmtError, shown
 
 MANIFEST = "manifest.json"
 _UMASK = os.umask(0o022)
@@ -103,6 +103,52 @@ def open_input(path: Path) -> IO[bytes]:
         raise NmtError(f"cannot read {path}: {e.strerror}") from None
 
 
+# The longest line any text file may have. No sentence comes near; a stray megabytes-long line (a
+# document without line breaks) is still read, and skipped where a stage skips what is too long.
+# What passes the limit is a binary or corrupt file, or a device such as /dev/zero, whose one "line"
+# would otherwise grow until memory runs out.
+MAX_LINE_BYTES = 16 << 20
+# The largest YAML config, manifest or checksums file (each is read whole): kilobytes in practice.
+MAX_SMALL_FILE_BYTES = 16 << 20
+
+
+def line_too_long(name: str | Path, number: int, limit: int = MAX_LINE_BYTES) -> NmtError:
+    return NmtError(f"{name}, line {number}: longer than {limit:,} bytes without a line break; this is "
+                    "not a text file of sentences (a binary or corrupt file, or a device such as "
+                    "/dev/zero?): give the text file meant here")
+
+
+def bounded_lines(f: IO[bytes], name: str | Path, first_line: int = 1,
+                  limit: int = MAX_LINE_BYTES) -> Iterator[bytes]:
+    """The lines of the binary stream `f`, each with its LF (the last one perhaps without); a line
+    longer than `limit` bytes is an NmtError naming `name` and the line, before more of it is read."""
+    number = first_line
+    while raw := f.readline(limit + 1):
+        if len(raw) > limit and not raw.endswith(b"\n"):
+            raise line_too_long(name, number, limit)
+        yield raw
+        number += 1
+
+
+def read_small_text(path: Path, what: str, limit: int = MAX_SMALL_FILE_BYTES) -> str:
+    """The whole of a small UTF-8 file (a config, a manifest), refused if it is over `limit` bytes
+    (unbounded, a link to /dev/zero would fill the memory). OSError and UnicodeDecodeError pass to the
+    caller, which knows what the file is for."""
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise NmtError(f"{path}: a {what} of over {limit:,} bytes; this is not the {what} meant here "
+                       "(a binary file, or a device such as /dev/zero?)")
+    return data.decode("utf-8")
+
+
+def read_text(path: Path) -> str:
+    """The whole of a UTF-8 text file that `nmt` wrote (a training log), each line bounded as in
+    `bounded_lines`. OSError and UnicodeDecodeError pass to the caller."""
+    with open(path, "rb") as f:
+        return b"".join(bounded_lines(f, path)).decode("utf-8")
+
+
 def read_lines(path: Path, errors: str = "strict") -> Iterator[str]:
     """Yield the lines of a UTF-8 text file without their line ending, streaming.
 
@@ -111,7 +157,7 @@ def read_lines(path: Path, errors: str = "strict") -> Iterator[str]:
     unless `errors="replace"`.
     """
     with open_input(path) as f:
-        for number, raw in enumerate(f, start=1):
+        for number, raw in enumerate(bounded_lines(f, path), start=1):
             raw = raw.rstrip(b"\n")
             if raw.endswith(b"\r"):
                 raw = raw[:-1]
@@ -192,7 +238,7 @@ def read_manifest(folder: Path, stage: str, command: str) -> dict[str, Any]:
             f"{folder} has no {MANIFEST}: it was not written by `nmt {stage}` or that run did not "
             f"finish; run `{command}` again")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = json.loads(read_small_text(path, "manifest"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise NmtError(f"{path} is corrupt ({e}); run `{command}` again") from None
     if not isinstance(manifest, dict) or manifest.get("stage") != stage:
@@ -236,8 +282,8 @@ def manifest_languages(manifest: dict[str, Any], folder: Path) -> tuple[str, str
     if not (isinstance(src, str) and isinstance(tgt, str) and _CODE.fullmatch(src) and _CODE.fullmatch(tgt)
             and src != tgt):
         raise NmtError(f"{folder / MANIFEST} must name two different languages in src_lang and tgt_lang, "
-                       f"as letters, digits, '_' or '-' (found {src!r}, {tgt!r}); write the folder again "
-                       f"with `nmt {manifest.get('stage')}`")
+                       f"as letters, digits, '_' or '-' (found {shown(src)}, {shown(tgt)}); write the folder "
+                       f"again with `nmt {manifest.get('stage')}`")
     return src, tgt
 
 
@@ -250,19 +296,22 @@ def manifest_split_counts(manifest: dict[str, Any], folder: Path, key: str) -> d
     counts = {name: info.get(key) if isinstance(info, dict) else None for name, info in splits.items()}
     for name, count in counts.items():
         if not _CODE.fullmatch(name) or type(count) is not int or count < 0:
-            raise NmtError(f"{folder / MANIFEST}: split {name!r} needs a name of letters, digits, '_' or '-' "
-                           f"and a '{key}' count that is a whole number >= 0 (found {count!r}); {redo}")
+            raise NmtError(f"{folder / MANIFEST}: split {shown(name)} needs a name of letters, digits, '_' "
+                           f"or '-' and a '{key}' count that is a whole number >= 0 (found {shown(count)}); "
+                           f"{redo}")
     return counts
 
 
-def read_text_input(folder: Path, stage: str, command: str, out: Path) -> tuple[str, str, dict[str, int]]:
-    """(source language, target language, {split: lines} in file order) of the text folder `folder`,
-    from its manifest (written by `stage`, remade by `command`); refuses an --out that is `folder`."""
+def read_text_input(folder: Path, stage: str, command: str,
+                    out: Path) -> tuple[str, str, dict[str, int], dict[str, Any]]:
+    """(source language, target language, {split: lines} in file order, the manifest) of the text
+    folder `folder`, from its manifest (written by `stage`, remade by `command`); refuses an --out
+    that is `folder`."""
     manifest = read_manifest(folder, stage, command)
     src, tgt = manifest_languages(manifest, folder)
     lines = manifest_split_counts(manifest, folder, "lines")
     check_distinct_folders(out, folder)
-    return src, tgt, lines
+    return src, tgt, lines, manifest
 
 
 def check_output_file(path: Path, option: str) -> None:

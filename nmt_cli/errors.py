@@ -8,6 +8,7 @@ prints the message without a traceback and exits with status 2; anything else is
 from __future__ import annotations
 
 import errno
+import reprlib
 
 
 class NmtError(Exception):
@@ -35,3 +36,17 @@ def from_os_error(e: OSError) -> NmtError:
     reason = e.strerror or type(e).__name__
     fix = _FIXES.get(e.errno, "check the path and that it can be read or written")
     return NmtError(f"{path}: {reason}; {fix}" if path is not None else f"{reason}; {fix}")
+
+
+SHOWN_CHARS = 300
+_SHOWN = reprlib.Repr()  # attributes, not keywords: those came in Python 3.12
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxtuple, _SHOWN.maxdict, _SHOWN.maxset = 2, 4, 4, 4, 4
+_SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 120, 120, 60
+
+
+def shown(value: object) -> str:
+    """`repr(value)` cut to a few hundred characters at most: how an error quotes what the user gave.
+    A value can be huge (a YAML alias nested nine deep names a billion strings in a few lines; a
+    line of a corrupt file can be megabytes), and printing it whole would take the machine down."""
+    text = _SHOWN.repr(value)
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS - 5]}[...]"

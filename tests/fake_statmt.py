@@ -29,9 +29,11 @@ FAULTS = ("cut", "500", "404", "drop", "ignore-range", "wrong", "stall", "stall-
 
 
 class FakeStatmt:
-    def __init__(self, files: dict[str, bytes], redirects: dict[str, str] | None = None) -> None:
+    def __init__(self, files: dict[str, bytes], redirects: dict[str, str] | None = None,
+                 redirect_status: int = 302) -> None:
         self.files = dict(files)  # URL path (e.g. /wmt14/dev.tgz) -> content
         self.redirects = dict(redirects or {})  # URL path -> where a 302 sends the client
+        self.redirect_status = redirect_status  # or 301, 303, 307, 308
         self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
         self.faults: dict[str, list[str]] = defaultdict(list)  # path -> faults for its next requests
         self.lock = threading.Lock()
@@ -76,7 +78,7 @@ def _handler(site: FakeStatmt) -> type[BaseHTTPRequestHandler]:
                 site.requests.append((self.path, self.headers.get("Range")))
                 fault = site.faults[self.path].pop(0) if site.faults[self.path] else None
             if self.path in site.redirects:
-                self.send_response(302)
+                self.send_response(site.redirect_status)
                 self.send_header("Location", site.redirects[self.path])
                 self.send_header("Content-Length", "0")
                 self.end_headers()

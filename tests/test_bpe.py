@@ -12,16 +12,24 @@ from conftest import MULTI30K_SPLITS, assert_user_error, make_prepare_folder, nm
 from nmt_cli.artifacts import read_lines, sha256_file
 from nmt_cli.config.data import BpeConfig
 from nmt_cli.data import bpe, streaming
+from nmt_cli.data.clean import Normalization
 
 
 def test_every_line_becomes_its_sentencepiece_pieces(multi30k_raw: Path, multi30k_bpe: Path) -> None:
+    """The source of valid and test normalised first, as prepare normalised train's (and translate
+    normalises its input)."""
     sp = spm.SentencePieceProcessor(model_file=str(multi30k_bpe / "spm.model"))
+    record = json.loads((multi30k_raw / "manifest.json").read_text())["source_normalization"]
+    normalization = Normalization.from_record(record, "manifest", "")
+    assert normalization is not None and normalization.punctuation_lang == "en"
     assert sp.get_piece_size() == 8000
     # the specials are the Dictionary's
     assert (sp.unk_id(), sp.bos_id(), sp.eos_id(), sp.pad_id()) == (0, -1, -1, -1)
     for split in MULTI30K_SPLITS:
         for lang in ("en", "de"):
             raw = list(read_lines(multi30k_raw / f"{split}.{lang}"))
+            if lang == "en" and split != "train":
+                raw = [normalization.apply(line) for line in raw]
             pieces = list(read_lines(multi30k_bpe / f"{split}.{lang}"))
             assert pieces == [" ".join(p) for p in sp.encode(raw, out_type=str)], (split, lang)
 

@@ -180,6 +180,24 @@ def test_a_redirect_is_followed_and_a_resumed_request_keeps_its_range(tmp_path: 
         assert server.requests_for(PATH) == [None, f"bytes={len(CONTENT) // 2}-"]
 
 
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_every_redirect_status_is_followed_with_its_range(tmp_path: Path, status: int) -> None:
+    """308 too, which urllib follows by itself only from Python 3.11 on."""
+    with FakeStatmt({PATH: CONTENT}, redirects={"/old/file.tgz": PATH}, redirect_status=status) as server:
+        server.fail(PATH, "cut")
+        path, _ = download(Remote("file.tgz", server.url + "/old/file.tgz"), tmp_path, FAST)
+        assert path.read_bytes() == CONTENT
+        assert server.requests_for("/old/file.tgz") == [None, f"bytes={len(CONTENT) // 2}-"]
+
+
+def test_every_wmt14_archive_is_verified_by_a_published_checksum_or_size() -> None:
+    from nmt_cli.data.wmt import ARCHIVES
+
+    for remote in ARCHIVES.values():
+        assert remote.sha256 or remote.md5 or remote.bytes, remote.name
+        assert remote.origin, remote.name
+
+
 def test_a_redirect_loop_is_a_clear_error_and_leaves_nothing(tmp_path: Path) -> None:
     with FakeStatmt({}, redirects={"/a.tgz": "/b.tgz", "/b.tgz": "/a.tgz"}) as server, \
             pytest.raises(NmtError, match=r"a.tgz: HTTP 30\d.*check the URL"):

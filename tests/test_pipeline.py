@@ -72,3 +72,12 @@ def test_averaged_model_is_the_mean_of_the_last_checkpoints(multi30k_run: dict[s
     for name, value in averaged["model"].items():
         mean = sum(s[name].double() for s in states) / 3
         torch.testing.assert_close(value.double(), mean.to(value.dtype).double(), rtol=0, atol=1e-6)
+
+
+def test_the_model_file_carries_the_normalisation_of_prepare(multi30k_run: dict[str, Path]) -> None:
+    """prepare's defaults (Moses punctuation normalisation for en, non-printing removal) reach the
+    averaged model file through bpe, binarize, train and average, for `nmt translate` to apply."""
+    from nmt_cli.model import file as model_file
+
+    assert model_file.load(multi30k_run["model"])["source_normalization"] == {
+        "normalize_punctuation": True, "lang": "en", "remove_non_printing": True}

@@ -1,5 +1,6 @@
-"""Beam search: the batched, cached search equals a plain reference, beam 1 is greedy, a beam wide
-enough finds the exhaustive optimum, and batching does not change a sentence's translation."""
+"""Beam search, in both styles (the paper's, which keeps `beam` live hypotheses, and the shrinking
+one): the batched, cached search equals a plain reference, beam 1 is greedy, a beam wide enough
+finds the exhaustive optimum, and batching does not change a sentence's translation."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from nmt_cli.data.dataset import BOS, EOS, PAD
 from nmt_cli.inference.beams import Beams, best_tokens, group_size
 from nmt_cli.inference.search import (
     SMALLEST_SHARED_BATCH,
+    IncrementalDecoder,
     _batches,
     beam_search,
     compile_decoder,
@@ -141,14 +143,15 @@ def test_compiled_search_equals_reference(monkeypatch: pytest.MonkeyPatch) -> No
     spread_rows = Beams.of
     monkeypatch.setattr(Beams, "of", staticmethod(lambda live: layouts.append(live) or spread_rows(live)))
     sources = random_sources(256, [3, 7, 1, 5, 9, 2, 6, 4], seed=0)
-    settings = dict(beam=5, nbest=2, lenpen=0.6, max_len_a=1.0, max_len_b=4)
-    found = beam_search(model, padded(sources), **settings)
     lengths = set()
-    for source, hyps in zip(sources, found, strict=True):
-        expected = reference_search(model, source, **settings)
-        assert [h.tokens for h in hyps] == [h.tokens for h in expected]
-        assert [h.score for h in hyps] == pytest.approx([h.score for h in expected], abs=1e-4)
-        lengths.update(len(h.tokens) for h in hyps)
+    for style in ("paper", "shrinking"):  # one compiled graph set serves both
+        settings = dict(beam=5, nbest=2, lenpen=0.6, max_len_a=1.0, max_len_b=4, style=style)
+        found = beam_search(model, padded(sources), **settings)
+        for source, hyps in zip(sources, found, strict=True):
+            expected = reference_search(model, source, **settings)
+            assert [h.tokens for h in hyps] == [h.tokens for h in expected]
+            assert [h.score for h in hyps] == pytest.approx([h.score for h in expected], abs=1e-4)
+            lengths.update(len(h.tokens) for h in hyps)
     assert len(lengths) > 1  # hypotheses ended at different steps
     assert layouts  # and slots were left empty: some steps decoded fewer rows than slots
 
@@ -173,10 +176,11 @@ def test_batches_hold_every_sentence_once_longest_first_within_the_budget(worker
 @pytest.mark.parametrize("beam,nbest,alpha", [(1, 1, 0.6), (4, 1, 0.6), (4, 4, 1.0), (5, 2, 0.0),
                                               (3, 1, -0.5)])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_batched_search_equals_reference(beam: int, nbest: int, alpha: float, seed: int) -> None:
+@pytest.mark.parametrize("style", ["paper", "shrinking"])
+def test_batched_search_equals_reference(beam: int, nbest: int, alpha: float, seed: int, style: str) -> None:
     model = random_model(24, seed)
     sources = random_sources(24, [3, 7, 1, 5, 9, 2], seed)
-    settings = dict(beam=beam, nbest=nbest, lenpen=alpha, max_len_a=1.0, max_len_b=4)
+    settings = dict(beam=beam, nbest=nbest, lenpen=alpha, max_len_a=1.0, max_len_b=4, style=style)
     found = beam_search(model, padded(sources), **settings)
     uncached = beam_search(model, padded(sources), **settings, cached=False)
     lengths = set()
@@ -198,19 +202,40 @@ def test_search_equals_reference_for_table3_settings(changes: dict) -> None:
     """The batched, cached search with empty slots, for the model settings of table 3 rows A, B and E."""
     model = random_model(24, seed=0, cfg=dataclasses.replace(TINY, **changes))
     sources = random_sources(24, [3, 7, 1, 5, 9, 2], seed=0)
-    settings = dict(beam=4, nbest=2, lenpen=0.6, max_len_a=1.0, max_len_b=4)
+    settings = dict(beam=4, nbest=2, lenpen=0.6, max_len_a=1.0, max_len_b=4)  # the paper's style
     for source, hyps in zip(sources, beam_search(model, padded(sources), **settings), strict=True):
         expected = reference_search(model, source, **settings)
         assert [h.tokens for h in hyps] == [h.tokens for h in expected]
         assert [h.score for h in hyps] == pytest.approx([h.score for h in expected], abs=1e-4)
 
 
-def test_search_equals_reference_on_a_trained_model(tiny_trained_model: Path) -> None:
+@pytest.mark.parametrize("style", ["paper", "shrinking"])
+def test_search_equals_reference_on_a_trained_model(tiny_trained_model: Path, style: str) -> None:
     model, _, _ = model_file.load_model(tiny_trained_model)
     sources = random_sources(len(model.embed.weight), [4, 9, 2, 12, 6], seed=3)
-    settings = dict(beam=4, nbest=2, lenpen=0.6, max_len_a=1.0, max_len_b=10)
+    settings = dict(beam=4, nbest=2, lenpen=0.6, max_len_a=1.0, max_len_b=10, style=style)
     for source, hyps in zip(sources, beam_search(model, padded(sources), **settings), strict=True):
         assert [h.tokens for h in hyps] == [h.tokens for h in reference_search(model, source, **settings)]
+
+
+def test_the_two_styles_differ_and_the_paper_keeps_its_beam_full() -> None:
+    """Where hypotheses finish early, the shrinking beam is left with fewer live ones and the two
+    styles return different n-best lists; the paper's keeps `beam` live hypotheses at every step."""
+    model = random_model(24, seed=0)
+    with torch.no_grad():
+        model.embed.weight[EOS] *= 2  # hypotheses end early and often
+    sources = random_sources(24, [3, 7, 1, 5, 9, 2, 6, 4], seed=0)
+    settings = dict(beam=4, nbest=4, lenpen=1.0, max_len_a=1.0, max_len_b=6)
+    paper = beam_search(model, padded(sources), **settings, style="paper")
+    shrinking = beam_search(model, padded(sources), **settings, style="shrinking")
+    assert any([h.tokens for h in a] != [h.tokens for h in b] for a, b in zip(paper, shrinking, strict=True))
+    rows: list[int] = []
+    step = IncrementalDecoder.step
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(IncrementalDecoder, "step", lambda self, tokens, *rest: rows.append(len(tokens))
+                      or step(self, tokens, *rest))
+        beam_search(model, padded(sources[:1]), **settings, style="paper")
+    assert rows[0] == 1 and set(rows[1:]) == {4}  # BOS, then a full beam until the search stops
 
 
 def greedy(model: Transformer, source: list[int], max_len: int) -> list[int]:
@@ -228,10 +253,12 @@ def greedy(model: Transformer, source: list[int], max_len: int) -> list[int]:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_beam_one_is_greedy(seed: int) -> None:
+@pytest.mark.parametrize("style", ["paper", "shrinking"])
+def test_beam_one_is_greedy(seed: int, style: str) -> None:
     model = random_model(24, seed)
     sources = random_sources(24, [3, 7, 1, 5, 9, 2], seed)
-    found = beam_search(model, padded(sources), beam=1, nbest=1, lenpen=0.6, max_len_a=1.0, max_len_b=4)
+    found = beam_search(model, padded(sources), beam=1, nbest=1, lenpen=0.6, max_len_a=1.0, max_len_b=4,
+                        style=style)
     for source, hyps in zip(sources, found, strict=True):
         assert hyps[0].tokens == greedy(model, source, len(source) - 1 + 4)
 
@@ -253,7 +280,8 @@ def exhaustive_ranking(model: Transformer, source: list[int], max_len: int,
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_wide_beam_finds_the_exhaustive_optimum(alpha: float, seed: int) -> None:
+@pytest.mark.parametrize("style", ["paper", "shrinking"])
+def test_wide_beam_finds_the_exhaustive_optimum(alpha: float, seed: int, style: str) -> None:
     """Symbols: pad bos eos unk a b -> 3 producible non-EOS tokens; outputs of at most 3 tokens: 40
     sequences. A beam of 40 never prunes, so the search (with its early stop) must return the true
     best ones; this checks the scores, the length penalty and that the stopping bound is safe."""
@@ -261,7 +289,7 @@ def test_wide_beam_finds_the_exhaustive_optimum(alpha: float, seed: int) -> None
     source = [4, 5, 4, EOS]
     ranking = exhaustive_ranking(model, source, max_len=3, alpha=alpha)
     found = beam_search(model, padded([source]), beam=40, nbest=5, lenpen=alpha, max_len_a=0.0,
-                        max_len_b=3)[0]
+                        max_len_b=3, style=style)[0]
     assert [h.tokens for h in found] == [tokens for _, tokens in ranking[:5]]
     assert [h.score for h in found] == pytest.approx([score for score, _ in ranking[:5]], abs=1e-5)
 

@@ -23,7 +23,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 
-from nmt_cli.errors import NmtError
+from nmt_cli.errors import NmtError, shown
 
 # Choices shared by the training and translation configs.
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
@@ -100,7 +100,7 @@ def resolve(cls: type, yaml_file: Path | None, cli: dict[str, Any], sets: list[s
     for item in sets or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise NmtError(f"--set expects key=value, got {item!r}")
+            raise NmtError(f"--set expects key=value, got {shown(item)}")
         _put_dotted(given, key.strip(), value)
     layers.append(("the command line", given))
     return build(cls, layers, base)
@@ -115,7 +115,7 @@ def yaml_layers(path: Path, including: tuple[Path, ...] = ()) -> list[tuple[str,
     if parent is None:
         return [(str(path), data)]
     if not isinstance(parent, str):
-        raise NmtError(f"{path}: 'include' takes the path of one YAML file, got {parent!r}")
+        raise NmtError(f"{path}: 'include' takes the path of one YAML file, got {shown(parent)}")
     other = path.parent / parent
     if other.resolve() in (*including, path.resolve()):
         raise NmtError(f"{path}: 'include: {parent}' includes itself (through {other})")
@@ -124,7 +124,7 @@ def yaml_layers(path: Path, including: tuple[Path, ...] = ()) -> list[tuple[str,
 
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = _read_bounded(Path(path))
     except FileNotFoundError:
         raise NmtError(f"config file {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -138,6 +138,17 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise NmtError(f"{path} must hold a mapping of option names to values, not {type(data).__name__}")
     return data
+
+
+def _read_bounded(path: Path, limit: int = 1 << 20) -> str:
+    """The text of a config file, refused over `limit` bytes (a config is a few kB; unbounded, a link
+    to /dev/zero would fill the memory)."""
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise NmtError(f"config file {path} is over {limit:,} bytes; this is not a YAML config "
+                       "(a binary file, or a device such as /dev/zero?)")
+    return data.decode("utf-8")
 
 
 def _put_dotted(target: dict[str, Any], key: str, value: Any) -> None:
@@ -159,14 +170,14 @@ def build(cls: type, layers: list[tuple[str, dict[str, Any]]], base: Any = None,
     for source, mapping in layers:
         for key, raw in mapping.items():
             if not isinstance(key, str):
-                raise NmtError(f"{source}: option names are words, got {key!r}; valid keys: "
+                raise NmtError(f"{source}: option names are words, got {shown(key)}; valid keys: "
                                f"{', '.join(fields)}")
             if key not in values:
                 raise NmtError(_unknown_key(cls, key, source, prefix))
             if dataclasses.is_dataclass(hints[key]):
                 if not isinstance(raw, dict):
                     raise NmtError(f"{source}: '{prefix}{key}' is a group of options and takes a mapping, "
-                                   f"got {raw!r}")
+                                   f"got {shown(raw)}")
                 groups.setdefault(key, []).append((source, raw))
             else:
                 values[key] = convert(raw, hints[key], f"{source}: '{prefix}{key}'")
@@ -188,7 +199,7 @@ def _check_range(value: Any, metadata: Any, where: str) -> None:
         for bound, fails, words in (("at_least", float.__lt__, "at least"), ("above", float.__le__, "above"),
                                     ("at_most", float.__gt__, "at most"), ("below", float.__ge__, "below")):
             if bound in metadata and fails(float(number), float(metadata[bound])):
-                raise NmtError(f"{where} must be {words} {metadata[bound]:g}; got {value!r}")
+                raise NmtError(f"{where} must be {words} {metadata[bound]:g}; got {shown(value)}")
 
 
 def _default(field: dataclasses.Field) -> Any:
@@ -224,7 +235,7 @@ def convert(value: Any, tp: Any, where: str) -> Any:
         for choice in choices:
             if value == choice or str(value) == str(choice):
                 return choice
-        raise NmtError(f"{where} must be one of {', '.join(map(str, choices))}; got {value!r}")
+        raise NmtError(f"{where} must be one of {', '.join(map(str, choices))}; got {shown(value)}")
     if origin is tuple:
         return _convert_tuple(value, tp, where)
     if tp is bool:
@@ -232,41 +243,41 @@ def convert(value: Any, tp: Any, where: str) -> Any:
             return value
         if isinstance(value, (str, int)) and str(value).strip().lower() in _TRUE | _FALSE:
             return str(value).strip().lower() in _TRUE
-        raise NmtError(f"{where} must be true or false; got {value!r}")
+        raise NmtError(f"{where} must be true or false; got {shown(value)}")
     if tp is int:
         return _convert_int(value, where)
     if tp is float:
         if isinstance(value, bool):
-            raise NmtError(f"{where} must be a number; got {value!r}")
+            raise NmtError(f"{where} must be a number; got {shown(value)}")
         try:
             number = float(value)
         except (TypeError, ValueError):
-            raise NmtError(f"{where} must be a number; got {value!r}") from None
+            raise NmtError(f"{where} must be a number; got {shown(value)}") from None
         if not math.isfinite(number):  # no setting means anything with nan or inf; 0 is "off" where allowed
-            raise NmtError(f"{where} must be a finite number; got {value!r}")
+            raise NmtError(f"{where} must be a finite number; got {shown(value)}")
         return number
     if tp is str:
         if isinstance(value, (dict, list)):
-            raise NmtError(f"{where} must be a string; got {value!r}")
+            raise NmtError(f"{where} must be a string; got {shown(value)}")
         return str(value)
     if tp is Path:
         if not isinstance(value, (str, Path)):
-            raise NmtError(f"{where} must be a path; got {value!r}")
+            raise NmtError(f"{where} must be a path; got {shown(value)}")
         return Path(value)
     raise TypeError(f"config field type {tp} is not supported")  # a bug in a dataclass, not user error
 
 
 def _convert_int(value: Any, where: str) -> int:
     if isinstance(value, bool):
-        raise NmtError(f"{where} must be a whole number; got {value!r}")
+        raise NmtError(f"{where} must be a whole number; got {shown(value)}")
     if isinstance(value, int):
         return value
     try:
         number = float(str(value).replace("_", ""))
     except ValueError:
-        raise NmtError(f"{where} must be a whole number; got {value!r}") from None
+        raise NmtError(f"{where} must be a whole number; got {shown(value)}") from None
     if not number.is_integer():
-        raise NmtError(f"{where} must be a whole number; got {value!r}")
+        raise NmtError(f"{where} must be a whole number; got {shown(value)}")
     return int(number)
 
 
@@ -275,11 +286,11 @@ def _convert_tuple(value: Any, tp: Any, where: str) -> tuple:
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)):
         wanted = "a path or a list of paths" if args and args[0] is Path else "a list"
-        raise NmtError(f"{where} must be {wanted}; got {value!r}")
+        raise NmtError(f"{where} must be {wanted}; got {shown(value)}")
     if len(args) == 2 and args[1] is Ellipsis:
         return tuple(convert(v, args[0], where) for v in items)
     if len(items) != len(args):
-        raise NmtError(f"{where} must have {len(args)} values; got {value!r}")
+        raise NmtError(f"{where} must have {len(args)} values; got {shown(value)}")
     return tuple(convert(v, a, where) for v, a in zip(items, args, strict=True))
 
 

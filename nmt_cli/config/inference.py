@@ -8,6 +8,10 @@ from typing import Literal
 
 from nmt_cli.config.core import Device, Precision, opt, required
 
+# How the beam search keeps hypotheses (inference/search.py): the paper's (tensor2tensor's, fairseq's)
+# keeps `beam` live ones at every step; the shrinking one (Marian's) gives a finished one's slot up.
+BeamStyle = Literal["paper", "shrinking"]
+
 
 @dataclass
 class TranslateConfig:
@@ -18,6 +22,10 @@ class TranslateConfig:
     output: Path | None = opt(None, "where translations go, one line per input line (default: stdout)",
                               flag="--output", short="-o")
     beam: int = opt(4, "beam size (1: greedy search)", flag="--beam", at_least=1)
+    beam_style: BeamStyle = opt(
+        "paper", "paper: `beam` live hypotheses at every step, finished ones collected beside them "
+        "(tensor2tensor, fairseq); shrinking: a finished hypothesis takes its slot with it (Marian)",
+        flag="--beam-style")
     nbest: int = opt(1, "print this many hypotheses per sentence: K lines LINE<TAB>SCORE<TAB>TEXT per input "
                      "line", flag="--nbest", at_least=1)
     lenpen: float = opt(0.6, "GNMT length penalty alpha: score / ((5+|Y|)/6)^alpha", flag="--lenpen")
@@ -45,6 +53,10 @@ class TranslateConfig:
                         "thread, each with a copy of the model): faster in bf16, after a minute or more of "
                         "compiling (less once cached); needs a C++ compiler (g++, or $CXX)",
                         flag="--compile/--no-compile")
+    normalize: Literal["model", "none"] = opt(
+        "model", "model: normalise the source text as the model's training text was (the settings of "
+        "`nmt prepare` in the model file; models from before nmt recorded them: none); none: feed it as it "
+        "is", flag="--normalize")
 
     def __post_init__(self) -> None:
         if isinstance(self.model, (str, Path)):  # one model file, as callers in code name it

@@ -16,8 +16,8 @@ import tarfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-from nmt_cli.artifacts import atomic_writer
-from nmt_cli.errors import NmtError
+from nmt_cli.artifacts import atomic_writer, read_small_text
+from nmt_cli.errors import NmtError, shown
 
 MARKER = ".complete.json"
 
@@ -30,9 +30,9 @@ def unsafe_reason(member: tarfile.TarInfo) -> str | None:
     if ".." in PurePosixPath(name).parts:
         return "has a '..' component in its path"
     if member.issym():
-        return f"is a symbolic link (to {member.linkname!r})"
+        return f"is a symbolic link (to {shown(member.linkname)})"
     if member.islnk():
-        return f"is a hard link (to {member.linkname!r})"
+        return f"is a hard link (to {shown(member.linkname)})"
     if member.isdev():
         return "is a device or pipe"
     if not (member.isfile() or member.isdir()):
@@ -60,7 +60,7 @@ def extract(archive: Path, wanted: list[str], target: Path) -> dict[str, Path]:
             for member in tar:
                 reason = unsafe_reason(member)
                 if reason:
-                    raise NmtError(f"{archive}: member {member.name!r} {reason}; the archive is refused "
+                    raise NmtError(f"{archive}: member {shown(member.name)} {reason}; the archive is refused "
                                    "(it is not an official one): delete it and download it again")
                 name = member_name(member)
                 if name in paths and member.isfile():
@@ -83,7 +83,7 @@ def extract(archive: Path, wanted: list[str], target: Path) -> dict[str, Path]:
 def _inside(target: Path, name: str, archive: Path) -> Path:
     path = (target / name).resolve()
     if not path.is_relative_to(target.resolve()):
-        raise NmtError(f"{archive}: member {name!r} would be written outside {target}")
+        raise NmtError(f"{archive}: member {shown(name)} would be written outside {target}")
     return target / name
 
 
@@ -101,8 +101,8 @@ def _write_member(tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path) -> 
 
 def _already_extracted(archive: Path, paths: dict[str, Path], target: Path) -> bool:
     try:
-        marker = json.loads((target / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        marker = json.loads(read_small_text(target / MARKER, "marker"))
+    except (OSError, ValueError, NmtError):
         return False
     stat = archive.stat()
     if (marker.get("bytes"), marker.get("mtime_ns")) != (stat.st_size, stat.st_mtime_ns):

@@ -37,9 +37,10 @@ from nmt_cli.artifacts import (
 )
 from nmt_cli.config.data import BinarizeConfig
 from nmt_cli.data.bpe import sentencepiece_processor
+from nmt_cli.data.clean import Normalization
 from nmt_cli.data.dataset import UNK, Dictionary, IndexedWriter, read_sequential, token_dtype
 from nmt_cli.data.streaming import Block, WorkerPool, line_blocks, line_progress, worker_count
-from nmt_cli.errors import NmtError
+from nmt_cli.errors import NmtError, shown
 from nmt_cli.progress import ProgressReport
 
 BPE_COMMAND = "nmt bpe RAW --out BPE"
@@ -48,7 +49,9 @@ BPE_COMMAND = "nmt bpe RAW --out BPE"
 def run(cfg: BinarizeConfig) -> None:
     if is_done(cfg.out, "binarize", cfg):
         return say_done(cfg.out, "binarize")
-    src, tgt, lines = read_text_input(cfg.bpe, "bpe", BPE_COMMAND, cfg.out)
+    src, tgt, lines, manifest = read_text_input(cfg.bpe, "bpe", BPE_COMMAND, cfg.out)
+    Normalization.from_record(manifest.get("source_normalization"), f"{cfg.bpe}/manifest.json",
+                              f"run `{BPE_COMMAND}` again")  # refused now, not by `nmt train`
     if not (cfg.bpe / "spm.model").is_file():
         raise NmtError(f"{cfg.bpe}/spm.model is missing; run `{BPE_COMMAND}` again")
     sentencepiece_processor((cfg.bpe / "spm.model").read_bytes(), f"{cfg.bpe}/spm.model",
@@ -76,7 +79,8 @@ def run(cfg: BinarizeConfig) -> None:
             for lang in (src, tgt):
                 stage.add_output(f"{split}.{lang}.bin")
                 stage.add_output(f"{split}.{lang}.idx")
-        stage.info.update(src_lang=src, tgt_lang=tgt, dict_size=len(dictionary), splits=splits)
+        stage.info.update(src_lang=src, tgt_lang=tgt, dict_size=len(dictionary), splits=splits,
+                          source_normalization=manifest.get("source_normalization"))
     _print_summary(cfg.out, splits, len(dictionary))
 
 
@@ -210,7 +214,7 @@ class _ProvisionalCounts:
         try:
             names = self.symbols + [piece.decode("utf-8") for piece in self.others]
         except UnicodeDecodeError as e:
-            raise NmtError(f"{source} holds a piece that is not UTF-8 ({e.object!r}); "
+            raise NmtError(f"{source} holds a piece that is not UTF-8 ({shown(e.object)}); "
                            f"run `{BPE_COMMAND}` again") from None
         counts = np.pad(self.counts, (0, len(names) - len(self.counts)))
         nonzero = Counter({n: int(c) for n, c in zip(names, counts, strict=True) if c})

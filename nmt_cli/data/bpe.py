@@ -42,6 +42,7 @@ from nmt_cli.artifacts import (
     sha256_file,
 )
 from nmt_cli.config.data import BpeConfig
+from nmt_cli.data.clean import Normalization
 from nmt_cli.data.streaming import Block, WorkerPool, cpu_cores, line_blocks, line_progress, worker_count
 from nmt_cli.errors import NmtError
 
@@ -52,7 +53,10 @@ PREPARE_COMMAND = "nmt prepare ... --out RAW"
 def run(cfg: BpeConfig) -> None:
     if is_done(cfg.out, "bpe", cfg):
         return say_done(cfg.out, "bpe")
-    src, tgt, lines = read_text_input(cfg.raw, "prepare", PREPARE_COMMAND, cfg.out)
+    src, tgt, lines, manifest = read_text_input(cfg.raw, "prepare", PREPARE_COMMAND, cfg.out)
+    record = manifest.get("source_normalization")
+    normalization = Normalization.from_record(record, f"{cfg.raw}/manifest.json",
+                                              f"run `{PREPARE_COMMAND}` again")
     _check_settings(cfg)
     reused = load_model(cfg.model) if cfg.model is not None else None
     with StageOutput(cfg.out, "bpe", cfg) as stage:
@@ -68,7 +72,7 @@ def run(cfg: BpeConfig) -> None:
             f.write(model)
         processor = spm.SentencePieceProcessor(model_proto=model)
         write_vocab(processor, cfg.out / "spm.vocab")
-        pieces = encode_corpus(cfg, cfg.out / "spm.model", lines, (src, tgt))
+        pieces = encode_corpus(cfg, cfg.out / "spm.model", lines, (src, tgt), normalization)
         stage.add_output("spm.model", checksum=True)
         stage.add_output("spm.vocab")
         for split in lines:
@@ -76,7 +80,8 @@ def run(cfg: BpeConfig) -> None:
                 stage.add_output(f"{split}.{lang}")
         stage.info.update(src_lang=src, tgt_lang=tgt, vocab_size=processor.get_piece_size(),
                           splits={s: {"lines": n, "pieces": pieces[s]} for s, n in lines.items()},
-                          sentencepiece={"version": spm.__version__, **training})
+                          sentencepiece={"version": spm.__version__, **training},
+                          source_normalization=record)
     _print_summary(cfg.out, lines, pieces, processor.get_piece_size())
 
 
@@ -209,24 +214,29 @@ def write_vocab(processor: spm.SentencePieceProcessor, path: Path) -> None:
 _PROCESSOR: dict[tuple[str, int, int], spm.SentencePieceProcessor] = {}  # per process, by file identity
 
 
-def _encode_block(task: tuple[str, Block]) -> tuple[int, int, bytes]:
-    """(lines, pieces, encoded text) of one block; every input line gives one output line."""
-    model_path, block = task
+def _encode_block(task: tuple[str, Block, Normalization | None]) -> tuple[int, int, bytes]:
+    """(lines, pieces, encoded text) of one block, normalised first if a normalisation is given;
+    every input line gives one output line."""
+    model_path, block, normalization = task
     stat = os.stat(model_path)
     key = (model_path, stat.st_mtime_ns, stat.st_size)
     if key not in _PROCESSOR:  # once per worker: tasks carry the model's path, not its bytes
         _PROCESSOR.clear()
         _PROCESSOR[key] = spm.SentencePieceProcessor(model_file=model_path)
     lines = block.lines()
+    if normalization is not None:
+        lines = [normalization.apply(line) for line in lines]
     # one thread: the parallelism is across worker processes
     pieces = _PROCESSOR[key].encode(lines, out_type=str, num_threads=1)
     text = "\n".join(map(" ".join, pieces)) + "\n"
     return len(lines), sum(map(len, pieces)), text.encode()
 
 
-def encode_corpus(cfg: BpeConfig, model: Path, lines: dict[str, int],
-                  langs: tuple[str, str]) -> dict[str, dict[str, int]]:
-    """Write OUT/{split}.{lang} for every split and language; returns {split: {lang: pieces}}."""
+def encode_corpus(cfg: BpeConfig, model: Path, lines: dict[str, int], langs: tuple[str, str],
+                  normalization: Normalization | None = None) -> dict[str, dict[str, int]]:
+    """Write OUT/{split}.{lang} for every split and language; returns {split: {lang: pieces}}. The
+    source side of every split but train (which `nmt prepare` normalised) gets `normalization`, as
+    `nmt translate` gives it to its input: validation BLEU then sees what translation will."""
     pieces: dict[str, dict[str, int]] = {}
     model_path = str(model.resolve())
     with WorkerPool(cfg.workers) as pool, line_progress("bpe", "encode", 2 * sum(lines.values())) as progress:
@@ -236,7 +246,8 @@ def encode_corpus(cfg: BpeConfig, model: Path, lines: dict[str, int],
                 source = cfg.raw / f"{split}.{lang}"
                 done, count = 0, 0
                 with atomic_writer(cfg.out / f"{split}.{lang}") as out:
-                    tasks = ((model_path, block) for block in line_blocks(source))
+                    todo = normalization if lang == langs[0] and split != "train" else None
+                    tasks = ((model_path, block, todo) for block in line_blocks(source))
                     for n_lines, n_pieces, text in pool.map(_encode_block, tasks):
                         out.write(text)
                         done, count = done + n_lines, count + n_pieces

@@ -39,8 +39,9 @@ from typing import IO, Any, Literal
 import regex
 from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
+from nmt_cli.artifacts import bounded_lines
 from nmt_cli.config.data import PrepareConfig
-from nmt_cli.errors import NmtError
+from nmt_cli.errors import NmtError, shown
 from nmt_cli.progress import ProgressReport
 
 Errors = Literal["strict", "replace"]
@@ -122,6 +123,42 @@ def remove_non_printing(text: str) -> str:
         return text
     text = _OTHER_CHARS.sub(" ", _FORMAT_CHARS.sub("", text))
     return _SPACE_RUNS.sub(" ", text).strip()
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """What `nmt prepare` did to the training source text. The manifests of prepare, bpe and binarize
+    and then the model file carry it, so that the source text of validation (`nmt bpe`) and of
+    `nmt translate` gets exactly the same: a model trained on Moses-normalised quotes and dashes never
+    sees others. References are never normalised."""
+
+    punctuation_lang: str | None  # Moses punctuation normalisation for this language; None: not applied
+    remove_non_printing: bool
+
+    def apply(self, text: str) -> str:
+        """`text` as `clean_chunk` leaves a training source line (before its line-break mapping)."""
+        if self.punctuation_lang is not None:
+            text = normalize_punctuation(text, self.punctuation_lang)
+        if self.remove_non_printing:
+            text = remove_non_printing(text)
+        return text
+
+    def record(self) -> dict[str, Any]:
+        return {"normalize_punctuation": self.punctuation_lang is not None, "lang": self.punctuation_lang,
+                "remove_non_printing": self.remove_non_printing}
+
+    @classmethod
+    def from_record(cls, record: Any, where: str, fix: str) -> Normalization | None:
+        """The normalisation `record` describes; None (nothing recorded: an older file) stays None."""
+        if record is None:
+            return None
+        valid = (isinstance(record, dict) and type(record.get("normalize_punctuation")) is bool
+                 and type(record.get("remove_non_printing")) is bool
+                 and (isinstance(record.get("lang"), str) or not record["normalize_punctuation"]))
+        if not valid:
+            raise NmtError(f"{where}: the source normalisation record is damaged ({shown(record)}); {fix}")
+        lang = record["lang"] if record["normalize_punctuation"] else None
+        return cls(lang, record["remove_non_printing"])
 
 
 def too_uneven(src_words: int, tgt_words: int, max_ratio: float) -> bool:
@@ -208,7 +245,8 @@ def read_chunks(src: Path, tgt: Path, chunk_pairs: int = CHUNK_PAIRS) -> Iterato
 
 
 def _read_chunks(src: Path, tgt: Path, chunk_pairs: int) -> Iterator[Chunk]:
-    with open_binary(src) as fs, open_binary(tgt) as ft:
+    with open_binary(src) as raw_src, open_binary(tgt) as raw_tgt:
+        fs, ft = bounded_lines(raw_src, src), bounded_lines(raw_tgt, tgt)
         line = 1
         while True:
             pairs = list(itertools.islice(itertools.zip_longest(fs, ft), chunk_pairs))

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from nmt_cli.artifacts import atomic_writer, read_lines
-from nmt_cli.errors import NmtError
+from nmt_cli.errors import NmtError, shown
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
@@ -58,7 +58,7 @@ class Dictionary:
         for number, line in enumerate(read_lines(path), start=1):
             symbol, sep, count = line.rpartition(" ")
             if not sep or not symbol or not count.isdigit():
-                raise NmtError(f"{path}, line {number}: expected 'SYMBOL COUNT', got {line!r}; "
+                raise NmtError(f"{path}, line {number}: expected 'SYMBOL COUNT', got {shown(line)}; "
                                "rebuild the dictionary with `nmt binarize`")
             symbols.append(symbol)
             counts.append(int(count))
@@ -74,7 +74,7 @@ class Dictionary:
         seen: dict[str, int] = {}
         for number, symbol in enumerate(symbols, start=1):
             if symbol in seen:
-                raise NmtError(f"{source}, {unit} {number}: symbol {symbol!r} already appears on {unit} "
+                raise NmtError(f"{source}, {unit} {number}: symbol {shown(symbol)} already appears on {unit} "
                                f"{seen[symbol]}; every symbol must be unique ({fix})")
             seen[symbol] = number
         return cls(symbols, counts)

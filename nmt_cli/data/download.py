@@ -25,7 +25,8 @@ from typing import Any
 from rich.progress import BarColumn, DownloadColumn, TextColumn, TransferSpeedColumn
 
 from nmt_cli import __version__
-from nmt_cli.errors import NmtError
+from nmt_cli.artifacts import read_small_text
+from nmt_cli.errors import NmtError, shown
 from nmt_cli.progress import ProgressReport, log
 
 CHUNK_BYTES = 1 << 20
@@ -44,6 +45,20 @@ class Remote:
     origin: str | None = None  # where the size/checksum was published
 
 
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """Follows 308 (permanent, method kept) as urllib follows 307 for a GET: Python learnt 308 only in
+    3.11, and servers that move files (statmt.org's mirrors among them) may answer with either."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> urllib.request.Request | None:
+        return super().redirect_request(req, fp, 307 if code == 308 else code, msg, headers, newurl)
+
+    http_error_308 = urllib.request.HTTPRedirectHandler.http_error_302
+
+
+_OPENER = urllib.request.build_opener(_Redirects)  # the default handlers, with this one for redirects
+
+
 class _Retry(Exception):
     """A failure that another attempt may not have (network, 5xx, a cut connection)."""
 
@@ -56,7 +71,7 @@ def mirrored(url: str, mirror: str | None) -> str:
 def read_checksums(path: Path) -> dict[str, tuple[str, str]]:
     """`{name: (algorithm, hex)}` from lines `HEX  NAME` (the output of sha256sum or md5sum)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_small_text(Path(path), "checksums file")
     except (OSError, UnicodeDecodeError) as e:
         raise NmtError(f"cannot read the checksums file {path}: {e}") from None
     table: dict[str, tuple[str, str]] = {}
@@ -66,7 +81,7 @@ def read_checksums(path: Path) -> dict[str, tuple[str, str]]:
         match = re.fullmatch(r"\s*([0-9a-fA-F]{32}|[0-9a-fA-F]{64})\s+\*?(\S.*?)\s*", line)
         if not match:
             raise NmtError(f"{path}, line {number}: expected 'MD5-OR-SHA256  FILENAME' (as sha256sum "
-                           f"prints it), got {line!r}")
+                           f"prints it), got {shown(line)}")
         digest, name = match.group(1).lower(), Path(match.group(2)).name
         table[name] = ("md5" if len(digest) == 32 else "sha256", digest)
     return table
@@ -182,7 +197,7 @@ def _transfer(url: str, part: Path, remote: Remote, timeout: float, progress: Pr
     if offset:
         headers["Range"] = f"bytes={offset}-"
     try:
-        response = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
+        response = _OPENER.open(urllib.request.Request(url, headers=headers), timeout=timeout)
     except urllib.error.HTTPError as e:
         _http_error(e, url, part, offset)
         return

@@ -35,7 +35,7 @@ from nmt_cli.artifacts import (
 from nmt_cli.config.data import PrepareConfig
 from nmt_cli.data import clean, wmt
 from nmt_cli.data.download import Retries
-from nmt_cli.errors import NmtError
+from nmt_cli.errors import NmtError, shown
 
 SMALL_INPUT_BYTES = 8 << 20
 VALID_TEST_NOTE = ("valid and test are not normalised or filtered: each line is the published text with "
@@ -52,6 +52,11 @@ def run(cfg: PrepareConfig) -> None:
         return say_done(cfg.out, "prepare")
     with StageOutput(cfg.out, "prepare", cfg) as stage:
         stage.info.update(dataset=cfg.dataset, src_lang=src, tgt_lang=tgt)
+        # the toy corpus is generated clean: nothing to do to its source, in training or after
+        applied = cfg.dataset != "toy"
+        stage.info["source_normalization"] = clean.Normalization(
+            src if applied and cfg.normalize_punctuation else None,
+            applied and cfg.remove_non_printing).record()
         match cfg.dataset:
             case "wmt14-en-de" | "wmt14-en-fr":
                 _prepare_wmt(cfg, stage, src, tgt)
@@ -91,9 +96,10 @@ def languages(cfg: PrepareConfig) -> tuple[str, str]:
             src, tgt = cfg.src_lang, cfg.tgt_lang
     for lang in (src, tgt):
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", lang):
-            raise NmtError(f"language code {lang!r} must be letters, digits, '_' or '-' (it names files)")
+            raise NmtError(f"language code {shown(lang)} must be letters, digits, '_' or '-' "
+                           "(it names files)")
     if src == tgt:
-        raise NmtError(f"--src-lang and --tgt-lang are both {src!r}; they must differ")
+        raise NmtError(f"--src-lang and --tgt-lang are both {shown(src)}; they must differ")
     return src, tgt
 
 

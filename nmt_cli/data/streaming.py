@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from nmt_cli.artifacts import open_input
+from nmt_cli.artifacts import MAX_LINE_BYTES, line_too_long, open_input
 from nmt_cli.errors import NmtError
 from nmt_cli.progress import ProgressReport
 
@@ -61,13 +61,16 @@ class Block(NamedTuple):
 
 
 def line_blocks(path: Path, block_bytes: int | None = None) -> Iterator[Block]:
-    """Yield `path` as blocks of whole lines of about `block_bytes` (a longer line is one block)."""
+    """Yield `path` as blocks of whole lines of about `block_bytes` (a longer line is one block; a
+    line over `MAX_LINE_BYTES` is an error)."""
     block_bytes = block_bytes or BLOCK_BYTES
     with open_input(path) as f:
         pending, first_line = bytearray(), 1
         while data := f.read(block_bytes):
             pending += data
             cut = pending.rfind(b"\n") + 1
+            if not cut and len(pending) > MAX_LINE_BYTES:
+                raise line_too_long(path, first_line)
             if cut:
                 block = Block(str(path), first_line, bytes(pending[:cut]))
                 del pending[:cut]

@@ -12,7 +12,8 @@ Content-Length the server sends):
   wmt14_translate.txt` and `wmt13_translate.txt` (size and sha256 of each download); the
   Europarl and CommonCrawl sha256 also appear in stagedml's WMT fetch code;
 - test-full.tgz: the md5 in sacreBLEU's dataset table (`wmt14/full`);
-- dev.tgz: none found.
+- dev.tgz: the md5 in the download table of Sockeye's autopilot (`contrib/autopilot/tasks.py`,
+  `RAW_FILES["wmt14_dev"]`; the table names the same URL).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nmt_cli.artifacts import bounded_lines
 from nmt_cli.data import archive, download
 from nmt_cli.data.clean import Errors, decode
 from nmt_cli.data.download import Remote
@@ -47,7 +49,8 @@ ARCHIVES = {remote.name: remote for remote in [
     Remote("training-giga-fren.tar", "http://statmt.org/wmt10/training-giga-fren.tar",
            2595102720, origin=_TFDS,
            sha256="3ff8319f6919393520559bfbc7ad6a747ec81b3abc7be9993b338d4b017b4d9a"),
-    Remote("dev.tgz", "http://statmt.org/wmt14/dev.tgz"),
+    Remote("dev.tgz", "http://statmt.org/wmt14/dev.tgz", md5="88ba3fc60b2278d59277122e1c7dd6e7",
+           origin="the download table of Sockeye's autopilot (wmt14_dev)"),
     Remote("test-full.tgz", "http://statmt.org/wmt14/test-full.tgz",
            md5="a8cd784e006feb32ac6f3d9ec7eb389a", origin="sacreBLEU's dataset table (wmt14/full)"),
 ]}
@@ -153,7 +156,7 @@ def clean_segment(text: str) -> str:
 def sgml_segments(path: Path, errors: Errors) -> Iterator[tuple[str, bool]]:
     """The text of each `<seg>` of a WMT SGML file and whether its bytes had to be repaired."""
     with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
+        for number, raw in enumerate(bounded_lines(f, path), start=1):
             line, repaired = decode(raw, errors, str(path), number)
             if not line.lstrip().startswith("<seg"):
                 continue

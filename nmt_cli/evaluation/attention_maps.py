@@ -40,7 +40,7 @@ from nmt_cli.artifacts import atomic_write_text
 from nmt_cli.config.evaluation import AttentionConfig
 from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.data.dataset import BOS, EOS, Dictionary
-from nmt_cli.errors import NmtError
+from nmt_cli.errors import NmtError, shown
 from nmt_cli.evaluation.plot import new_figure, picture_format, save_figure
 from nmt_cli.inference.search import translate_ids
 from nmt_cli.model import file as model_file
@@ -288,7 +288,7 @@ def query_position(labels: list[str], wanted: str) -> int:
     for i, label in enumerate(labels):
         if wanted == label:
             return i
-    raise NmtError(f"--query {wanted!r} is not one of the query tokens: {' '.join(labels)}")
+    raise NmtError(f"--query {shown(wanted)} is not one of the query tokens: {' '.join(labels)}")
 
 
 def _plain(text: str) -> str:

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nmt_cli.artifacts import atomic_writer
+from nmt_cli.artifacts import atomic_writer, read_text
 from nmt_cli.config.evaluation import PlotConfig
-from nmt_cli.errors import NmtError
+from nmt_cli.errors import NmtError, shown
 from nmt_cli.training.trainlog import JSONL
 
 Warn = Callable[[str], None]
@@ -60,7 +60,7 @@ def log_path(run: Path) -> Path:
 def read_log(path: Path, warn: Warn) -> list[dict[str, Any]]:
     """The "train" and "valid" records of a train.jsonl, in order; see the module docstring."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path)
     except (OSError, UnicodeDecodeError) as e:
         raise NmtError(f"cannot read {path}: {e}") from None
     lines = text.split("\n")
@@ -96,7 +96,7 @@ def record_kind(record: Any, path: Path, number: int) -> str | None:
     for name in PLOTTED:
         value = record.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise NmtError(f"{path}, line {number}: field {name!r} must be a number, got {value!r}")
+            raise NmtError(f"{path}, line {number}: field {shown(name)} must be a number, got {shown(value)}")
     return kind
 
 

@@ -38,7 +38,7 @@ from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
 from nmt_cli.artifacts import atomic_write_text, check_output_file, read_lines
 from nmt_cli.config.evaluation import ScoreConfig
-from nmt_cli.errors import NmtError
+from nmt_cli.errors import NmtError, shown
 from nmt_cli.evaluation import evalb
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
@@ -116,7 +116,7 @@ def _target_lang(cfg: ScoreConfig, ref: Path) -> tuple[str, str]:
     """(target language for the Moses tokenizer, a note on how it was chosen)."""
     if cfg.langpair is not None:
         if not re.fullmatch(r"[A-Za-z0-9_]+-[A-Za-z0-9_]+", cfg.langpair):  # codes name tokenizer data files
-            raise NmtError(f"--langpair must look like en-de, got {cfg.langpair!r}")
+            raise NmtError(f"--langpair must look like en-de, got {shown(cfg.langpair)}")
         return cfg.langpair.partition("-")[2], ""
     suffix = ref.suffix.lstrip(".")
     if re.fullmatch(r"[a-z]{2}", suffix):

@@ -1,6 +1,7 @@
 """What the search asks of the model at each step: the best next tokens of every decoder row, and
 where the rows sit among the sentences' beam slots when sentences keep different numbers of live
-hypotheses.
+hypotheses; and what it does with the answer: each sentence's best extensions, which of them finish
+and which stay live (search.py's module docstring says how).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from nmt_cli.config.inference import BeamStyle
 from nmt_cli.data.dataset import BOS, EOS, PAD
 from nmt_cli.model.transformer import Cache, Encoded, Transformer
 
@@ -94,3 +96,60 @@ def group_size(vocab: int) -> int:
     from 32 to vocab / 8)."""
     sizes = [g for g in range(32, vocab // 8 + 1, 8) if vocab % g == 0]
     return min(sizes, key=lambda g: abs(g - math.sqrt(vocab)), default=0)
+
+
+# -- choosing among the extensions ----------------------------------------------------------------
+
+
+def extensions(best: NextTokens, scores: Tensor, k: int, force_eos: Tensor,
+                beams: Beams | None) -> tuple[Tensor, Tensor, Tensor]:
+    """The best k one-token extensions of each sentence's live hypotheses.
+
+    best: the decoder's best next tokens of each row (k of them; more change nothing, fewer come only
+    from a tiny vocabulary), one row per live slot (all B * W slots without `beams`); scores (B, W)
+    log-probabilities so far (-inf: empty slot); force_eos (B,) sentences at their maximum length.
+    Returns log-probabilities (B, k) best first, the slot each extends (B, k) and its token (B, k). A
+    sentence's best k extensions lie among the best k of each of its slots, so only those are
+    combined with the slots' scores.
+    """
+    B, W = scores.shape
+    top_log_probs, top_tokens = best.log_probs, best.tokens  # (N, k), or fewer columns for a tiny vocabulary
+    per_slot = top_log_probs.shape[1]
+    if bool(force_eos.any()):
+        forced = (force_eos.repeat_interleave(W)[:, None] if beams is None
+                  else force_eos[beams.sentence(), None])
+        eos_only = torch.full_like(top_log_probs, -math.inf)
+        eos_only[:, 0] = best.eos
+        top_log_probs = torch.where(forced, eos_only, top_log_probs)
+        top_tokens = torch.where(forced, torch.full_like(top_tokens, EOS), top_tokens)
+    if beams is not None:  # back to all B * W slots; the empty ones (score -inf) extend to nothing
+        top_log_probs = beams.spread(top_log_probs, -math.inf).flatten(0, 1)
+        top_tokens = beams.spread(top_tokens, PAD).flatten(0, 1)
+    candidates = (scores.reshape(-1, 1) + top_log_probs).view(B, W * per_slot)
+    values, index = candidates.topk(min(k, W * per_slot), dim=1)
+    return values, index // per_slot, top_tokens.view(B, W * per_slot).gather(1, index)
+
+
+def live_first(live: Tensor, values: Tensor, rows: Tensor,
+                tokens: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Each sentence's live extensions moved to its first slots, best first, and the slots no sentence
+    uses dropped: (live, scores (-inf where not live), source rows, tokens), each (B, W')."""
+    order = torch.argsort((~live).to(torch.int8), dim=1, stable=True)[:, : max(int(live.sum(1).max()), 1)]
+    live = live.gather(1, order)
+    return (live, torch.where(live, values.gather(1, order), -math.inf), rows.gather(1, order),
+            tokens.gather(1, order))
+
+
+def chosen(style: BeamStyle, values: Tensor, tokens: Tensor, beam: int,
+            n_finished: Tensor) -> tuple[Tensor, Tensor]:
+    """Which of each sentence's extensions (B, k), best first, finish (end in EOS) and which stay live,
+    as two (B, k) masks, by the `style` of the module docstring."""
+    valid, eos = values > -math.inf, tokens == EOS
+    rank = torch.arange(values.shape[1], device=values.device)
+    match style:
+        case "paper":
+            going_on = valid & ~eos
+            return valid & eos & (rank < beam), going_on & (going_on.cumsum(1) <= beam)
+        case "shrinking":
+            kept = valid & (rank < (beam - n_finished)[:, None])
+            return kept & eos, kept & ~eos

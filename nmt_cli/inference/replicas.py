@@ -133,4 +133,4 @@ def _compiled() -> str:
 def _search(src: Tensor) -> list[list[Hypothesis]]:
     cfg: TranslateConfig = _replica["cfg"]
     return beam_search(_replica["model"], src, beam=cfg.beam, nbest=cfg.nbest, lenpen=cfg.lenpen,
-                       max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b)
+                       max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b, style=cfg.beam_style)

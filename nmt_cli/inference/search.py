@@ -5,10 +5,17 @@ The search, for each sentence (Y counts its EOS; log-probabilities are natural l
 - A hypothesis is ranked by score(Y) = log P(Y | X) / lp(|Y|), the GNMT length penalty
   lp(L) = ((5 + L) / 6) ** alpha (Wu et al. 2016, "Google's Neural Machine Translation System",
   eq. 14), alpha = 0.6 in "Attention Is All You Need" (section 6.1).
-- The beam holds `beam` slots. At each step the best `width` one-token extensions of the live
-  hypotheses (by log-probability) are kept, where `width` = `beam` minus the hypotheses already
-  finished: an extension ending in EOS leaves the beam as a finished hypothesis and its slot goes
-  with it (finished hypotheses leave the beam, as in Marian). With beam 1 this is greedy search.
+- The beam holds `beam` slots. Which one-token extensions of the live hypotheses (ranked by
+  log-probability) are kept at each step depends on the style:
+  - "paper" (the default; tensor2tensor's search, which the paper used, and fairseq's): of the best
+    2 * `beam` extensions, those ending in EOS among the best `beam` become finished hypotheses,
+    collected beside the beam, and the best `beam` others stay live, so the beam stays full.
+  - "shrinking" (Marian's): the best `width` extensions are kept, `width` = `beam` minus the
+    hypotheses already finished: an extension ending in EOS leaves the beam as a finished
+    hypothesis and its slot goes with it. With beam 1 this is greedy search.
+  Beam 1 is greedy search in both: tensor2tensor decodes greedily for beam size 1 (the paper's
+  rule would otherwise go on past greedy's EOS, looking for a longer output the length penalty
+  prefers).
 - PAD and BOS are never produced. At the maximum length (`max_output_lengths`) EOS is forced.
 - A sentence stops as soon as its `nbest`-th best finished score can no longer be beaten. The
   bound: a live hypothesis with log-probability s (<= 0) after t tokens can only finish with a
@@ -41,9 +48,17 @@ import torch
 from torch import Tensor
 from torch.fx.experimental import _config as fx_config  # its use_duck_shape: see `compile_decoder`
 
-from nmt_cli.config.inference import TranslateConfig
+from nmt_cli.config.inference import BeamStyle, TranslateConfig
 from nmt_cli.data.dataset import BOS, EOS, PAD
-from nmt_cli.inference.beams import Beams, NextTokens, best_tokens, next_tokens
+from nmt_cli.inference.beams import (
+    Beams,
+    NextTokens,
+    best_tokens,
+    chosen,
+    extensions,
+    live_first,
+    next_tokens,
+)
 from nmt_cli.model.transformer import Cache, Encoded, Transformer
 
 
@@ -122,45 +137,6 @@ class FullForwardDecoder:
 # -- the batched search ---------------------------------------------------------------------------
 
 
-def _extensions(best: NextTokens, scores: Tensor, k: int, force_eos: Tensor,
-                beams: Beams | None) -> tuple[Tensor, Tensor, Tensor]:
-    """The best k one-token extensions of each sentence's live hypotheses.
-
-    best: the decoder's best next tokens of each row (k of them; more change nothing, fewer come only
-    from a tiny vocabulary), one row per live slot (all B * W slots without `beams`); scores (B, W)
-    log-probabilities so far (-inf: empty slot); force_eos (B,) sentences at their maximum length.
-    Returns log-probabilities (B, k) best first, the slot each extends (B, k) and its token (B, k). A
-    sentence's best k extensions lie among the best k of each of its slots, so only those are
-    combined with the slots' scores.
-    """
-    B, W = scores.shape
-    top_log_probs, top_tokens = best.log_probs, best.tokens  # (N, k), or fewer columns for a tiny vocabulary
-    per_slot = top_log_probs.shape[1]
-    if bool(force_eos.any()):
-        forced = (force_eos.repeat_interleave(W)[:, None] if beams is None
-                  else force_eos[beams.sentence(), None])
-        eos_only = torch.full_like(top_log_probs, -math.inf)
-        eos_only[:, 0] = best.eos
-        top_log_probs = torch.where(forced, eos_only, top_log_probs)
-        top_tokens = torch.where(forced, torch.full_like(top_tokens, EOS), top_tokens)
-    if beams is not None:  # back to all B * W slots; the empty ones (score -inf) extend to nothing
-        top_log_probs = beams.spread(top_log_probs, -math.inf).flatten(0, 1)
-        top_tokens = beams.spread(top_tokens, PAD).flatten(0, 1)
-    candidates = (scores.reshape(-1, 1) + top_log_probs).view(B, W * per_slot)
-    values, index = candidates.topk(min(k, W * per_slot), dim=1)
-    return values, index // per_slot, top_tokens.view(B, W * per_slot).gather(1, index)
-
-
-def _live_first(live: Tensor, values: Tensor, rows: Tensor,
-                tokens: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Each sentence's live extensions moved to its first slots, best first, and the slots no sentence
-    uses dropped: (live, scores (-inf where not live), source rows, tokens), each (B, W')."""
-    order = torch.argsort((~live).to(torch.int8), dim=1, stable=True)[:, : max(int(live.sum(1).max()), 1)]
-    live = live.gather(1, order)
-    return (live, torch.where(live, values.gather(1, order), -math.inf), rows.gather(1, order),
-            tokens.gather(1, order))
-
-
 class _Finished:
     """Finished hypotheses of the sentences of one batch, and each one's nbest-th best score."""
 
@@ -170,6 +146,7 @@ class _Finished:
         self.nth_best = torch.full((batch_size,), -math.inf, device=device)  # by original sentence
 
     def add(self, sentence: int, tokens: list[int], log_prob: float, alpha: float | Penalty) -> None:
+        """Collect a finished hypothesis (all are kept: the n-best are taken at the end)."""
         found = self.hypotheses[sentence]
         found.append(Hypothesis(tokens, log_prob / length_penalty(len(tokens) + 1, alpha), log_prob))
         found.sort(key=lambda h: -h.score)
@@ -179,14 +156,18 @@ class _Finished:
 
 @torch.inference_mode()
 def beam_search(model: Transformer, src: Tensor, *, beam: int, nbest: int, lenpen: float | Penalty,
-                max_len_a: float, max_len_b: int, cached: bool = True) -> list[list[Hypothesis]]:
+                max_len_a: float, max_len_b: int, cached: bool = True,
+                style: BeamStyle = "paper") -> list[list[Hypothesis]]:
     """Translate one batch: src (B, S) source ids, right-padded, each ending in EOS.
 
     Returns, for each sentence in order, its best `nbest` hypotheses, best first (fewer only when the
     vocabulary and maximum length allow fewer distinct outputs). `cached=False` runs the same
-    search re-running the full model at every step (for speed comparisons).
+    search re-running the full model at every step (for speed comparisons). `style`: see the module
+    docstring.
     """
     assert 1 <= nbest <= beam
+    style = style if beam > 1 else "shrinking"  # beam 1: greedy (see the module docstring)
+    width = 2 * beam if style == "paper" else beam  # extensions looked at per sentence and step
     B, device = src.shape[0], src.device
     decoder = (IncrementalDecoder if cached else FullForwardDecoder)(model, src)
     max_len = max_output_lengths((src != PAD).sum(1) - 1, max_len_a, max_len_b, model.cfg.max_positions)
@@ -200,18 +181,16 @@ def beam_search(model: Transformer, src: Tensor, *, beam: int, nbest: int, lenpe
     n_finished = torch.zeros(B, dtype=torch.long, device=device)
     beams: Beams | None = None  # the decoder rows' slots when some slots are empty; None: one row per slot
     for step in range(int(max_len.max()) + 1):
-        best = decoder.step(tokens, history, step, beams, beam)
-        values, slots, new_tokens = _extensions(best, scores, beam, step >= max_len, beams)
+        best = decoder.step(tokens, history, step, beams, width)
+        values, slots, new_tokens = extensions(best, scores, width, step >= max_len, beams)
         rows = torch.arange(len(sentences), device=device)[:, None] * scores.shape[1] + slots  # (B, k)
         if beams is not None:  # the decoder row each extends (an empty slot has none: N, and is never kept)
             rows = beams.row.view(-1)[rows]
-        rank = torch.arange(values.shape[1], device=device)
-        kept = (rank < (beam - n_finished)[:, None]) & (values > -math.inf)
-        ends = kept & (new_tokens == EOS)
+        ends, going_on = chosen(style, values, new_tokens, beam, n_finished)
         for b, j in ends.nonzero().tolist():
             finished.add(int(sentences[b]), history[rows[b, j]].tolist(), float(values[b, j]), lenpen)
         n_finished += ends.sum(1)
-        live, scores, rows, new_tokens = _live_first(kept & ~ends, values, rows, new_tokens)
+        live, scores, rows, new_tokens = live_first(going_on, values, rows, new_tokens)
         bound = scores[:, 0].double() / final_lp.clamp(min=length_penalty(step + 2.0, lenpen))
         done = ~live[:, 0] | (finished.nth_best[sentences].double() >= bound)
         if bool(done.all()):
@@ -252,12 +231,12 @@ def compile_decoder(model: Transformer, beam: int) -> None:
 
     def compiled_next_tokens(model: Transformer, tokens: Tensor, step: int, enc: Encoded, cache: Cache,
                              k: int, beams: Beams | None) -> NextTokens:
-        # Always the best `beam` tokens, so that the greedy warm-up makes graphs for the beam search
-        # (more than k change nothing). No duck sizing: by default, sizes equal when first compiled
-        # are assumed equal for good (4 slots a sentence and 4 heads), and each later difference
-        # costs a recompile in the middle of a search.
+        # Always the best 2 * `beam` tokens, so that the greedy warm-up makes graphs for the beam
+        # search of either style (more than k change nothing). No duck sizing: by default, sizes equal
+        # when first compiled are assumed equal for good (4 slots a sentence and 4 heads), and each
+        # later difference costs a recompile in the middle of a search.
         with fx_config.patch(use_duck_shape=False):
-            return compiled(model, tokens, step, enc, cache, max(k, beam), beams)
+            return compiled(model, tokens, step, enc, cache, max(k, 2 * beam), beams)
 
     _compiled[model] = compiled_next_tokens
     device = next(model.parameters()).device
@@ -314,7 +293,8 @@ def translate_ids(model: Transformer, sources: Sequence[Sequence[int]], cfg: Tra
     def search(src: Tensor) -> list[list[Hypothesis]]:
         return beam_search(model, src.to(device), beam=cfg.beam, nbest=cfg.nbest,
                            lenpen=Penalty(cfg.lenpen, cfg.length_penalty),
-                           max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b, cached=cached)
+                           max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b, cached=cached,
+                           style=cfg.beam_style)
 
     def record(batch: np.ndarray, hypotheses: list[list[Hypothesis]]) -> None:
         for i, found in zip(batch.tolist(), hypotheses, strict=True):
@@ -382,10 +362,11 @@ def _batches(sizes: np.ndarray, max_tokens: int, workers: int) -> Iterator[np.nd
 
 @torch.inference_mode()
 def reference_search(model: Transformer, source: Sequence[int], *, beam: int, nbest: int, lenpen: float,
-                     max_len_a: float, max_len_b: int) -> list[Hypothesis]:
+                     max_len_a: float, max_len_b: int, style: BeamStyle = "paper") -> list[Hypothesis]:
     """The search of the module docstring for one sentence, in plain Python over full forward passes
     (no cache, no batching, no shortcuts): the specification `beam_search` is tested against."""
     src = torch.tensor([list(source)])
+    style = style if beam > 1 else "shrinking"
     max_len = int(max_output_lengths(torch.tensor(len(source) - 1), max_len_a, max_len_b,
                                      model.cfg.max_positions))
     live: list[tuple[float, list[int]]] = [(0.0, [])]  # (log P, tokens)
@@ -399,11 +380,16 @@ def reference_search(model: Transformer, source: Sequence[int], *, beam: int, nb
             candidates += [(log_p + log_probs[t], tokens, t) for t in allowed]
         candidates.sort(key=lambda c: -c[0])
         live = []
-        for log_p, tokens, t in candidates[: beam - len(finished)]:
-            if t == EOS:
-                finished.append(Hypothesis(tokens, log_p / length_penalty(len(tokens) + 1, lenpen), log_p))
-            else:
-                live.append((log_p, [*tokens, t]))
+        match style:
+            case "paper":  # EOS among the best `beam` finish; the best `beam` others go on
+                ending = [(log_p, tokens) for log_p, tokens, t in candidates[:beam] if t == EOS]
+                live = [(log_p, [*tokens, t]) for log_p, tokens, t in candidates if t != EOS][:beam]
+            case "shrinking":  # the best `beam` - finished, whether they end or not
+                kept = candidates[: beam - len(finished)]
+                ending = [(log_p, tokens) for log_p, tokens, t in kept if t == EOS]
+                live = [(log_p, [*tokens, t]) for log_p, tokens, t in kept if t != EOS]
+        finished += [Hypothesis(tokens, log_p / length_penalty(len(tokens) + 1, lenpen), log_p)
+                     for log_p, tokens in ending]
         finished.sort(key=lambda h: -h.score)
         if not live:
             break

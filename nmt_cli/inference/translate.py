@@ -28,9 +28,10 @@ from typing import IO
 import sentencepiece as spm
 import torch
 
-from nmt_cli.artifacts import atomic_writer, check_output_file, count_lines
+from nmt_cli.artifacts import atomic_writer, bounded_lines, check_output_file, count_lines
 from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.data.bpe import sentencepiece_processor
+from nmt_cli.data.clean import Normalization
 from nmt_cli.data.dataset import EOS, Dictionary
 from nmt_cli.errors import NmtError
 from nmt_cli.inference import ct2
@@ -39,6 +40,7 @@ from nmt_cli.inference.replicas import Replicas, describe
 from nmt_cli.inference.search import compile_decoder, keep_freed_memory, translate_ids
 from nmt_cli.inference.trees import as_tree_line
 from nmt_cli.model import file as model_file
+from nmt_cli.model.cpu import Cpu, slow_bf16_warning
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.progress import ProgressReport
 
@@ -72,9 +74,11 @@ class Translator:
 
     def __init__(self, model: Transformer, dictionary: Dictionary, sp: spm.SentencePieceProcessor,
                  cfg: TranslateConfig, warn: Warn, workers: int = 1,
-                 replicas: Replicas | None = None, search: ct2.Search | None = None) -> None:
+                 replicas: Replicas | None = None, search: ct2.Search | None = None,
+                 normalization: Normalization | None = None) -> None:
         self.model, self.dictionary, self.sp, self.cfg, self.warn = model, dictionary, sp, cfg, warn
         self.search = search  # another engine's search (an exported CTranslate2 folder); None: nmt's
+        self.normalization = normalization  # applied to raw source text, as to the training text
         self.workers = workers  # batches searched at once (see `translate_ids`)
         self.replicas = replicas  # worker processes that search instead, if any: `close` stops them
         self.trees, self.repaired, self.repairs = 0, 0, Counter[str]()  # --output-format tree
@@ -102,10 +106,13 @@ class Translator:
         budget = 64 * (limit + 1)  # characters: far more than `limit` pieces need
         cut = text.rfind(" ", 0, budget) if len(text) > 2 * budget else -1
         if cut > 0:
-            pieces = self.sp.encode(text[:cut], out_type=str)
+            pieces = self.sp.encode(self._normalized(text[:cut]), out_type=str)
             if len(pieces) > limit:
                 return pieces
-        return self.sp.encode(text, out_type=str)
+        return self.sp.encode(self._normalized(text), out_type=str)
+
+    def _normalized(self, text: str) -> str:
+        return text if self.normalization is None else self.normalization.apply(text)
 
     def decode(self, tokens: Sequence[int]) -> str:
         pieces = self.dictionary.decode(tokens)
@@ -220,12 +227,13 @@ def _check(cfg: TranslateConfig) -> None:
         raise NmtError("--compile translates with one model: leave it out for an ensemble")
 
 
-def load_translator(cfg: TranslateConfig, warn: Warn) -> Translator:
+def load_translator(cfg: TranslateConfig, warn: Warn, cpu: Cpu | None = None) -> Translator:
     """The model of `cfg.model` on its device and dtype. On the CPU, `threads` batches are searched
     at once, each on one torch thread: that keeps the cores busier than torch's threads inside each
     (small) operation of a decoding step. A compiled decoder (`cfg.compile`) on the CPU does the
     same in `threads` worker processes (`Replicas`: dynamo must not run in two threads); on a GPU it
-    searches one batch at a time. Close the translator when done."""
+    searches one batch at a time. `cpu`: what this CPU can do (detected when not given). Close the
+    translator when done."""
     if len(cfg.model) == 1 and (Path(cfg.model[0]) / "nmt.json").is_file():  # by `nmt export ctranslate2`
         engine = ct2.Engine(cfg, warn)
         sp = sentencepiece_processor(engine.spm_bytes, f"{cfg.model[0]}/spm.model", "export the model again")
@@ -238,11 +246,14 @@ def load_translator(cfg: TranslateConfig, warn: Warn) -> Translator:
         torch.set_num_threads(1)
     elif cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    loaded = [model_file.load_model(path, device) for path in cfg.model]
-    check_members(list(cfg.model), [d for _, d, _ in loaded], [b for _, _, b in loaded])
-    model, dictionary, spm_bytes = loaded[0]
+    on_cpu_in_bf16 = dtype == torch.bfloat16 and device.type == "cpu"
+    if on_cpu_in_bf16 and (message := slow_bf16_warning("--dtype bf16", "--dtype auto", cpu)) is not None:
+        warn(message)
+    loaded = [model_file.load_model_for_text(path, device) for path in cfg.model]
+    check_members(list(cfg.model), [d for _, d, _, _ in loaded], [b for _, _, b, _ in loaded])
+    model, dictionary, spm_bytes, normalization = loaded[0]
     if len(loaded) > 1:
-        model = Ensemble([m for m, _, _ in loaded])
+        model = Ensemble([m for m, _, _, _ in loaded])
     sp = sentencepiece_processor(spm_bytes, f"the sentencepiece model inside {cfg.model[0]}",
                                  "the file is damaged or was not written by nmt")
     model = model.to(dtype)
@@ -259,7 +270,8 @@ def load_translator(cfg: TranslateConfig, warn: Warn) -> Translator:
             raise NmtError(f"--compile: torch.compile could not compile the decoder ({describe(e)}); "
                            "install a C++ compiler (g++, or name yours in $CXX), "
                            "or translate without --compile") from None
-    return Translator(model, dictionary, sp, cfg, warn, workers, replicas)
+    return Translator(model, dictionary, sp, cfg, warn, workers, replicas,
+                      normalization=normalization if cfg.normalize == "model" else None)
 
 
 def _worker_died(doing: str) -> str:
@@ -267,9 +279,9 @@ def _worker_died(doing: str) -> str:
             "a copy of the model); give fewer --threads, or translate without --compile")
 
 
-def _chunks(stream: IO[bytes], size: int) -> Iterator[list[bytes]]:
+def _chunks(stream: IO[bytes], size: int, name: str) -> Iterator[list[bytes]]:
     chunk: list[bytes] = []
-    for raw in stream:  # a binary stream splits on LF only
+    for raw in bounded_lines(stream, name):  # a binary stream splits on LF only
         chunk.append(raw[:-1] if raw.endswith(b"\n") else raw)
         if len(chunk) == size:
             yield chunk
@@ -279,11 +291,11 @@ def _chunks(stream: IO[bytes], size: int) -> Iterator[list[bytes]]:
 
 
 def translate_stream(translator: Translator, stream: IO[bytes], out: IO[bytes], interactive: bool,
-                     progress: Callable[[int], None] | None = None) -> int:
+                     progress: Callable[[int], None] | None = None, name: str = "the input") -> int:
     """Translate every line of `stream` to `out`, in order; returns the number of lines."""
     size = 1 if interactive else translator.cfg.chunk_lines
     number = 1
-    for chunk in _chunks(stream, size):
+    for chunk in _chunks(stream, size, name):
         lines = [clean_line(raw, number + i, translator.warn) for i, raw in enumerate(chunk)]
         results = translator.translate(lines, number, progress)
         blank = sum(1 for line in lines if not line.strip())
@@ -307,10 +319,12 @@ def run(cfg: TranslateConfig) -> None:
         stack.callback(translator.close)
         stream = sys.stdin.buffer if cfg.input is None else stack.enter_context(open(cfg.input, "rb"))
         out = sys.stdout.buffer if cfg.output is None else stack.enter_context(atomic_writer(cfg.output))
-        total = count_lines(cfg.input) if cfg.input is not None else None
+        # a pipe or a device has no end to count to
+        total = count_lines(cfg.input) if cfg.input is not None and cfg.input.is_file() else None
         bar = sys.stderr.isatty() and (cfg.output is not None or not sys.stdout.isatty())
         progress = None if interactive else stack.enter_context(_progress(total, bar))
-        lines = translate_stream(translator, stream, out, interactive, progress)
+        name = "standard input" if cfg.input is None else str(cfg.input)
+        lines = translate_stream(translator, stream, out, interactive, progress, name)
     if not interactive:
         seconds = time.perf_counter() - start
         print(f"translate: {lines} lines in {seconds:.1f} s ({lines / max(seconds, 1e-9):.1f} lines/s)",

@@ -5,7 +5,8 @@ One format serves both kinds of file:
 
     {"format": "nmt/1", "kind": "checkpoint" | "model",
      "model": state_dict, "model_config": {...}, "dictionary": {"symbols": [...], "counts": [...]},
-     "spm_model": bytes, "meta": {...}, "train": {...training state, checkpoints only...},
+     "spm_model": bytes, "source_normalization": {...} or None (absent in files before it),
+     "meta": {...}, "train": {...training state, checkpoints only...},
      "sha256": checksum of everything above}
 
 so `translate` needs nothing but the file. Files are written with `torch.save` to a temporary file,
@@ -30,6 +31,7 @@ from nmt_cli import hooks
 from nmt_cli.artifacts import atomic_writer
 from nmt_cli.config.core import build
 from nmt_cli.config.model import ModelConfig
+from nmt_cli.data.clean import Normalization
 from nmt_cli.data.dataset import Dictionary
 from nmt_cli.errors import NmtError
 from nmt_cli.model.transformer import Transformer
@@ -120,7 +122,9 @@ def _check_layout(state: dict[str, Any], path: Path) -> None:
         and all(type(c) is int for c in vocab["counts"]),
         "spm_model": isinstance(state.get("spm_model"), bytes),
         "meta": isinstance(state.get("meta", {}), dict),
-        "train": isinstance(state.get("train", {}), dict),  # its contents are resume.py's to check
+        "train": isinstance(state.get("train", {}), dict),
+        "source_normalization": state.get("source_normalization") is None
+        or isinstance(state["source_normalization"], dict),  # its contents are resume.py's to check
     }
     damaged = [name for name, ok in parts.items() if not ok]
     if damaged:
@@ -137,9 +141,11 @@ def _is_zip(path: Path) -> bool:
 
 
 def model_state(model: torch.nn.Module, cfg: ModelConfig, dictionary: Dictionary,
-                spm_model: bytes) -> dict[str, Any]:
-    """The parts of a file that describe the model: what `translate` and `average` need."""
+                spm_model: bytes, source_normalization: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The parts of a file that describe the model: what `translate` and `average` need
+    (`source_normalization`: the record `nmt prepare` wrote, see `data.clean.Normalization`)."""
     return {
+        "source_normalization": source_normalization,
         "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
         "model_config": dataclasses.asdict(cfg),
         "dictionary": {"symbols": list(dictionary.symbols), "counts": list(dictionary.counts)},
@@ -165,7 +171,17 @@ def differing_fields(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 def load_model(path: Path, device: str | torch.device = "cpu") -> tuple[Transformer, Dictionary, bytes]:
     """(model in eval mode, dictionary, sentencepiece model bytes) from a checkpoint or model file."""
+    model, dictionary, spm_model, _ = load_model_for_text(path, device)
+    return model, dictionary, spm_model
+
+
+def load_model_for_text(path: Path, device: str | torch.device = "cpu"
+                        ) -> tuple[Transformer, Dictionary, bytes, Normalization | None]:
+    """`load_model` and the normalisation of the source text the model was trained on (None: the
+    file does not say, it was written before nmt recorded it)."""
     state = load(path)
+    normalization = Normalization.from_record(state.get("source_normalization"), str(path),
+                                              "the file is damaged")
     cfg = model_config_of(state, path)
     dictionary = dictionary_of(state, path)
     model = Transformer(cfg, len(dictionary))
@@ -174,4 +190,4 @@ def load_model(path: Path, device: str | torch.device = "cpu") -> tuple[Transfor
     except RuntimeError as e:
         raise NmtError(f"{path}: the weights do not fit the stored model config "
                        f"({str(e).splitlines()[0]})") from None
-    return model.to(device).eval(), dictionary, bytes(state["spm_model"])
+    return model.to(device).eval(), dictionary, bytes(state["spm_model"]), normalization

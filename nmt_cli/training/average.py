@@ -113,7 +113,8 @@ def run(cfg: AverageConfig) -> None:
             state = model_file.load(path)
             if not first:  # keep what describes the model, not the weights or training state
                 model_file.model_config_of(state, path)
-                first.update({k: state[k] for k in ("model_config", "dictionary", "spm_model")}, path=path)
+                first.update({k: state[k] for k in ("model_config", "dictionary", "spm_model")}, path=path,
+                             source_normalization=state.get("source_normalization"))
                 first["shapes"] = {k: v.shape for k, v in state["model"].items()}
             else:
                 _check_compatible(first, first["path"], state, path)
@@ -129,5 +130,6 @@ def run(cfg: AverageConfig) -> None:
             "update": max((a["update"] for a in averaged if a["update"] is not None), default=None)}
     model_file.save(out, {"kind": "model", "meta": meta, "model": weights,
                           "model_config": first["model_config"], "dictionary": first["dictionary"],
-                          "spm_model": bytes(first["spm_model"])})
+                          "spm_model": bytes(first["spm_model"]),
+                          "source_normalization": first["source_normalization"]})
     print(f"average: wrote the mean of {len(paths)} checkpoints to {out}", file=sys.stderr)

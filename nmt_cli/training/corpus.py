@@ -23,12 +23,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from nmt_cli.artifacts import manifest_languages, read_manifest
 from nmt_cli.config.train import BatchConfig, TrainConfig
 from nmt_cli.data.bpe import sentencepiece_processor
+from nmt_cli.data.clean import Normalization
 from nmt_cli.data.dataset import Dictionary, IndexedDataset, batch_by_size, epoch_order, filter_by_size
 from nmt_cli.errors import NmtError
 
@@ -79,6 +81,7 @@ class Corpus:
     train: Split
     valid: Split
     plan: UpdatePlan
+    source_normalization: dict[str, Any] | None = None  # the record `nmt prepare` wrote; None: not said
 
 
 def load(cfg: TrainConfig, world_size: int = 1) -> Corpus:
@@ -109,8 +112,11 @@ def load(cfg: TrainConfig, world_size: int = 1) -> Corpus:
         for lang, data in ((src_lang, src), (tgt_lang, tgt)):
             _check_ids(data, len(dictionary), folder / f"{split}.{lang}.bin")
         splits[split] = plan_split(src, tgt, cfg.model.max_positions, cfg.batch.max_tokens)
+    normalization = manifest.get("source_normalization")
+    Normalization.from_record(normalization, f"{folder}/manifest.json", f"run `{redo}` again")
     train, plan = plan_train(splits["train"], cfg.batch, cfg.model.max_positions, world_size)
-    return Corpus(folder, src_lang, tgt_lang, dictionary, spm_model, train, splits["valid"], plan)
+    return Corpus(folder, src_lang, tgt_lang, dictionary, spm_model, train, splits["valid"], plan,
+                  normalization)
 
 
 def _check_ids(data: IndexedDataset, dict_size: int, path: Path) -> None:

@@ -16,7 +16,6 @@ import inspect
 import logging
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from nmt_cli.config.core import flatten, to_dict
 from nmt_cli.config.train import TrainConfig, train_base
 from nmt_cli.errors import NmtError
+from nmt_cli.model.cpu import this_cpu
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,15 +66,7 @@ def resolve_precision(cfg: TrainConfig, device: torch.device) -> str:
         return cfg.precision
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    return "bf16" if cpu_has_fast_bf16() else "fp32"
-
-
-def cpu_has_fast_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
+    return "bf16" if this_cpu().native_bf16 else "fp32"
 
 
 def processes_per_node(cfg: TrainConfig, planning: bool = False) -> int:

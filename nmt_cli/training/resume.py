@@ -48,7 +48,7 @@ def training_checkpoint(step: Step, c: Counters, data: Corpus, rng: list[dict[st
     cfg = step.cfg
     return {
         "kind": "checkpoint",
-        **model_state(step.model, cfg.model, data.dictionary, data.spm_model),
+        **model_state(step.model, cfg.model, data.dictionary, data.spm_model, data.source_normalization),
         "meta": {"nmt_version": __version__, "arch": cfg.arch,
                  "src_lang": data.src_lang, "tgt_lang": data.tgt_lang,
                  "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

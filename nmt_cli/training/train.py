@@ -11,6 +11,7 @@ memory are skipped alike on every rank, within limits (guard.py).
 from __future__ import annotations
 
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.config.train import TrainConfig
 from nmt_cli.data.dataset import EOS, PAD, collate
 from nmt_cli.errors import NmtError
+from nmt_cli.model.cpu import Cpu, slow_bf16_warning
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.training import checkpoint, corpus, distributed, finetune, flops, guard
 from nmt_cli.training import optim as optim_lib
@@ -44,10 +46,19 @@ def run(cfg: TrainConfig) -> None:
         return print_plan(cfg)
     if distributed.in_worker():
         return train(cfg)
+    warn_if_slow_bf16(cfg)
     nproc = distributed.processes_per_node(cfg)
     if nproc > 1 or cfg.launch.nnodes > 1:
         return distributed.launch(cfg, nproc)
     train(cfg)
+
+
+def warn_if_slow_bf16(cfg: TrainConfig, cpu: Cpu | None = None) -> None:
+    """Say so before any work when bf16 was asked for on a CPU that runs it slowly (`cpu`: this one)."""
+    if cfg.precision == "bf16" and not distributed.use_cuda(cfg):
+        message = slow_bf16_warning("--precision bf16", "--precision auto", cpu)
+        if message is not None:
+            print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def train(cfg: TrainConfig) -> None:
@@ -321,7 +332,8 @@ def validation_bleu(model: Transformer, data: corpus.Corpus, cfg: TrainConfig,
     """sacreBLEU of the model's translations of the valid split (its first `valid.bleu_sentences`),
     searched with beam `valid.bleu_beam`, each rank translating a share. The references are the valid
     targets decoded from their pieces, so they carry sentencepiece's normalisation: a number to
-    watch during training, close to but not the score `nmt score` gives against the raw text."""
+    watch during training, close to but not the score `nmt score` gives against the raw text. The
+    sources were normalised by `nmt bpe` as `nmt translate` normalises its input by default."""
     if not cfg.valid.bleu:
         return None
     import sacrebleu

@@ -25,7 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from nmt_cli.artifacts import atomic_write_text
+from nmt_cli.artifacts import atomic_write_text, read_text
 from nmt_cli.errors import NmtError
 from nmt_cli.training.counters import Counters
 from nmt_cli.training.loss import per_token
@@ -99,7 +99,7 @@ def truncate_after(path: Path, update: int) -> None:
     if not path.exists():
         return
     kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in read_text(path).splitlines():
         try:
             if json.loads(line).get("update", 0) <= update:
                 kept.append(line)
@@ -113,7 +113,7 @@ def last_update(path: Path) -> int:
     if not path.exists():
         return 0
     last = 0
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in read_text(path).splitlines():
         with contextlib.suppress(json.JSONDecodeError, AttributeError, TypeError):
             last = max(last, int(json.loads(line).get("update", 0)))
     return last
