@@ -1,35 +1,51 @@
 """What this CPU multiplies fast, for the choice of precision: bf16 natively (AVX512-BF16 or AMX
 instructions), or only through torch's reference kernel, which on a CPU with AVX2 alone runs bf16
 matrix products 4-50x slower than fp32 (depending on their layout; benchmarks/README.md). The
-detection is a value (`Cpu`) that callers may be given, so that tests can ask what happens on a CPU
-they do not run on.
+instruction flags are not enough: a machine may list AVX512-BF16 and still multiply bf16 several
+times slower than fp32 (a CI machine did: a bf16 training run there went 3.4x slower than on this
+project's reference CPU, where bf16 is the faster). So where the flags are there, one matrix product
+of a Transformer layer's shape is timed in both precisions (tens of milliseconds), and bf16 counts
+as fast only if it measured at least `MIN_BF16_SPEEDUP` times fp32's speed. The detection is a value
+(`Cpu`) that callers may be given, so that tests can ask what happens on a CPU they do not run on.
 """
 
 from __future__ import annotations
 
+import functools
+import time
 from dataclasses import dataclass
 
 import torch
 
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of bf16 matrix instructions
 SHOWN_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+MIN_BF16_SPEEDUP = 1.2  # bf16's measured speed over fp32's below which auto keeps fp32
 
 
 @dataclass(frozen=True)
 class Cpu:
     capability: str  # torch.backends.cpu.get_cpu_capability(): the kernels torch picked (AVX2, AVX512, ...)
     flags: frozenset[str]  # of /proc/cpuinfo (empty where there is none)
+    bf16_speedup: float = 0.0  # bf16's measured matrix-product speed over fp32's (0: not measured)
 
     @property
     def native_bf16(self) -> bool:
         return any(flag in self.flags for flag in NATIVE_BF16_FLAGS)
 
+    @property
+    def fast_bf16(self) -> bool:
+        """Native bf16 instructions, and bf16 measured faster than fp32 (`MIN_BF16_SPEEDUP`)."""
+        return self.native_bf16 and self.bf16_speedup >= MIN_BF16_SPEEDUP
+
     def describe(self) -> str:
         shown = ", ".join(f for f in SHOWN_FLAGS if f in self.flags) or f"none of {', '.join(SHOWN_FLAGS)}"
-        return f"torch CPU capability {self.capability}, CPU flags: {shown}"
+        measured = f", bf16 measured {self.bf16_speedup:.2f}x fp32" if self.bf16_speedup else ""
+        return f"torch CPU capability {self.capability}, CPU flags: {shown}{measured}"
 
 
+@functools.cache
 def this_cpu() -> Cpu:
+    """This CPU (measured once per process, and only where it has native bf16 instructions)."""
     flags: frozenset[str] = frozenset()
     try:
         with open("/proc/cpuinfo", "rb") as f:
@@ -40,15 +56,36 @@ def this_cpu() -> Cpu:
                     break
     except OSError:  # not Linux
         pass
-    return Cpu(torch.backends.cpu.get_cpu_capability(), flags)
+    cpu = Cpu(torch.backends.cpu.get_cpu_capability(), flags)
+    if cpu.native_bf16:
+        cpu = Cpu(cpu.capability, cpu.flags, bf16_speedup())
+    return cpu
+
+
+def bf16_speedup(rows: int = 512, inner: int = 256, cols: int = 1024) -> float:
+    """fp32's best time over bf16's for (rows x inner) @ (inner x cols), a feed-forward layer's
+    product for a batch of `rows` tokens, on torch's current threads (after one warm-up each)."""
+    best = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(rows, inner, dtype=dtype), torch.randn(inner, cols, dtype=dtype)
+        a @ b
+        best[dtype] = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            a @ b
+            best[dtype] = min(best[dtype], time.perf_counter() - start)
+    return best[torch.float32] / max(best[torch.bfloat16], 1e-9)
 
 
 def slow_bf16_warning(asked: str, fix: str, cpu: Cpu | None = None) -> str | None:
     """What to tell a user who asked for bf16 (`asked`, the option as typed) on the CPU `cpu` (default:
-    this one) if it has no native bf16, naming `fix`; None where bf16 is fast."""
+    this one) if bf16 is slow there, naming `fix`; None where bf16 is fast."""
     cpu = cpu or this_cpu()
-    if cpu.native_bf16:
+    if cpu.fast_bf16:
         return None
+    if cpu.native_bf16:
+        return (f"{asked} on a CPU whose bf16 matrix products measured no faster than fp32 "
+                f"({cpu.describe()}); use {fix}, which picks fp32 on this CPU")
     return (f"{asked} on a CPU without native bf16 ({cpu.describe()}; no {' or '.join(NATIVE_BF16_FLAGS)}): "
             "torch runs bf16 matrix products here through a reference kernel, 4-50x slower than fp32; "
             f"use {fix}, which picks fp32 on this CPU")
