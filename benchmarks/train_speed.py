@@ -5,14 +5,9 @@
 
 Prints, from one run: the matmul peak (fp32, bf16; large square products on --threads threads),
 the target tokens per second of real training updates (`train.Trainer.update`: forward, label-smoothed
-loss, backward, Adam) in fp32 and bf16, and the model-FLOPs utilisation
-
-    MFU = (6 * (P_enc * src_tokens + P_dec * tgt_tokens) + attention) / seconds / matmul peak
-
-where P_enc / P_dec are the parameters used in matrix products per source / target token (encoder
-linears; decoder linears plus the tied output projection V x D), and attention counts the two
-products QK^T and AV forward and backward: 12 * D * (sum S^2 + sum T^2 / 2 + sum S*T) per layer
-(causal self-attention counted half), over real tokens only. The data is synthetic (random ids,
+loss, backward, Adam) in fp32 and bf16, and the model-FLOPs utilisation, counted as `nmt train`
+logs it (`nmt_cli/training/flops.py`: the model's matrix products for the real tokens of each
+batch, 3 x the forward's, over the peak). The data is synthetic (random ids,
 sentence lengths like WMT: about 27 tokens), binarized the way `nmt binarize` writes it.
 "CPU busy" is the process's CPU time over wall time x threads: below ~95%, other processes took
 the cores for part of the run, and with 2 threads every parallel operation then waits for its
@@ -46,8 +41,11 @@ from nmt_cli.training import (
     corpus,  # noqa: E402
     distributed,  # noqa: E402
 )
+from nmt_cli.training.flops import measured_peak, training_flops  # noqa: E402
 from nmt_cli.training.train import Trainer  # noqa: E402
 from nmt_cli.training.trainlog import TrainLog  # noqa: E402
+
+CPU = torch.device("cpu")
 
 
 def idle_share(seconds: float = 2.0) -> float:
@@ -65,19 +63,6 @@ def wait_until_idle(minutes: float) -> None:
     deadline = time.monotonic() + minutes * 60
     while time.monotonic() < deadline and idle_share() < 0.9:
         time.sleep(5)
-
-
-def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 8) -> float:
-    """Best FLOP/s of an n x n x n product (2 n^3 FLOPs)."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    for _ in range(2):
-        a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
 
 
 def tiny_sentencepiece_model(symbols: list[str]) -> bytes:
@@ -107,23 +92,6 @@ def synthetic_corpus(out: Path, vocab: int, pairs: int, seed: int = 0) -> Path:
     return out
 
 
-def matmul_params(trainer: Trainer) -> tuple[int, int]:
-    """(encoder, decoder + output projection) weights used in matrix products, per token."""
-    model = trainer.model
-    encoder = sum(m.weight.numel() for m in model.encoder.modules() if isinstance(m, torch.nn.Linear))
-    decoder = sum(m.weight.numel() for m in model.decoder.modules() if isinstance(m, torch.nn.Linear))
-    return encoder, decoder + model.embed.weight.numel()
-
-
-def attention_flops(split: corpus.Split, batches: list[np.ndarray], d_model: int, enc_layers: int,
-                    dec_layers: int) -> float:
-    flops = 0.0
-    for ids in batches:
-        s, t = split.src.sizes[ids].astype(np.float64) + 1, split.tgt.sizes[ids].astype(np.float64) + 1
-        flops += 12 * d_model * (enc_layers * (s**2).sum() + dec_layers * ((t**2).sum() / 2 + (s * t).sum()))
-    return flops
-
-
 def measure(data: Path, precision: str, args: argparse.Namespace) -> dict[str, float]:
     cfg = dataclasses.replace(train_base(args.arch), data=data, save_dir=Path(tempfile.mkdtemp()),
                               precision=precision, threads=args.threads,
@@ -131,23 +99,20 @@ def measure(data: Path, precision: str, args: argparse.Namespace) -> dict[str, f
     trainer = Trainer(cfg, distributed.setup(cfg), corpus.load(cfg), TrainLog(cfg.save_dir, enabled=False))
     split = trainer.data.train
     order = corpus.order_of(split, 1, cfg.seed)
-    enc, dec = matmul_params(trainer)
-    done, used, src, tgt, start, cpu = 0, [], 0, 0, None, 0.0
+    done, flops, tgt, start, cpu = 0, 0.0, 0, None, 0.0
     while start is None or time.perf_counter() - start < args.seconds:
-        ids = split.batches[order[done % len(order)]]
-        s, t = (int(split.src_tokens[order[done % len(order)]]),
-                int(split.tgt_tokens[order[done % len(order)]]))
+        batch = order[done % len(order)]
+        ids = split.batches[batch]
+        s, t = int(split.src_tokens[batch]), int(split.tgt_tokens[batch])
         if done == args.warmup:
-            start, used, src, tgt, cpu = time.perf_counter(), [], 0, 0, _cpu_seconds()
+            start, flops, tgt, cpu = time.perf_counter(), 0.0, 0, _cpu_seconds()
         trainer.update([ids], t, 1)
-        used.append(ids)
-        src, tgt, done = src + s, tgt + t, done + 1
+        flops += training_flops(cfg.model, len(trainer.data.dictionary), s, t, len(ids))
+        tgt, done = tgt + t, done + 1
     seconds = time.perf_counter() - start
     cpu = _cpu_seconds() - cpu
-    flops = 6 * (enc * src + dec * tgt) + attention_flops(split, used, cfg.model.d_model,
-                                                         cfg.model.encoder_layers, cfg.model.decoder_layers)
-    return {"tokens_per_second": tgt / seconds, "flops_per_second": flops / seconds, "updates": len(used),
-            "cpu_busy": cpu / (seconds * args.threads)}
+    return {"tokens_per_second": tgt / seconds, "flops_per_second": flops / seconds,
+            "updates": done - args.warmup, "cpu_busy": cpu / (seconds * args.threads)}
 
 
 def _cpu_seconds() -> float:
@@ -170,8 +135,7 @@ def main() -> None:
     print(describe())
     print(f"{args.arch}, vocabulary {args.vocab}, max_tokens {args.max_tokens}, torch {torch.__version__}, "
           f"load average before: {os.getloadavg()[0]:.1f} (other processes on the CPU lower every number)")
-    print("MFU = (6*(P_enc*src_tokens + P_dec*tgt_tokens) + 12*D*L*(sum S^2 + sum T^2/2 + sum S*T)) "
-          "/ s / peak")
+    print("MFU = model FLOPs of the real tokens (nmt_cli/training/flops.py) / s / matmul peak")
     print(f"{'threads':<8}{'precision':<10}{'tgt tok/s':>12}{'model GFLOP/s':>15}{'matmul peak GFLOP/s':>22}"
           f"{'MFU':>8}{'updates':>9}{'CPU busy':>10}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -179,11 +143,11 @@ def main() -> None:
         for count in threads:
             torch.set_num_threads(count)
             args.threads = count
-            for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            for precision in ("fp32", "bf16"):
                 wait_until_idle(args.wait_idle_minutes)
-                before = matmul_peak(dtype)
+                before = measured_peak(CPU, precision, size=2048)
                 row = measure(data, precision, args)
-                peak = max(before, matmul_peak(dtype))  # the better of before/after: others share the CPU
+                peak = max(before, measured_peak(CPU, precision, size=2048))  # others share the CPU
                 print(f"{count:<8}{precision:<10}{row['tokens_per_second']:>12,.0f}"
                       f"{row['flops_per_second'] / 1e9:>15,.1f}{peak / 1e9:>22,.1f}"
                       f"{row['flops_per_second'] / peak:>8.1%}{row['updates']:>9}{row['cpu_busy']:>10.0%}",

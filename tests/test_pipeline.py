@@ -20,8 +20,9 @@ pytestmark = pytest.mark.slow
 # A tiny Transformer for a few minutes of CPU: 4000 target tokens per update, the paper's schedule
 # with a warm-up scaled to the run. In fp32, so its time does not hang on how fast a CI machine's bf16
 # is (one that listed AVX512-BF16 ran this in bf16 at a third of this machine's speed).
-TRAIN = ["--arch", "transformer_tiny", "--precision", "fp32", "--max-update", "700", "--tokens-per-update", "4000",
-         "--max-tokens", "4000", "--save-interval-minutes", "0", "--save-interval-updates", "100",
+TRAIN = ["--arch", "transformer_tiny", "--precision", "fp32", "--max-update", "700",
+         "--tokens-per-update", "4000", "--max-tokens", "4000", "--save-interval-minutes", "0",
+         "--save-interval-updates", "100",
          "--keep-last", "3", "--set", "optim.warmup_updates=400", "--set", "valid.interval_updates=100",
          "--set", "log.interval=50", "--valid-bleu", "--set", "valid.bleu_sentences=200", "--device", "cpu"]
 
