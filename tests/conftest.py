@@ -134,6 +134,22 @@ def multi30k_raw(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return out
 
 
+def bpe_input_lines(raw: Path, split: str, lang: str) -> list[str]:
+    """The lines of `raw` (a prepare folder) as `nmt bpe` encodes them: the source side of valid and
+    test normalised as prepare normalised train's (the manifest's record), the rest as they are."""
+    import json
+
+    from nmt_cli.artifacts import read_lines
+    from nmt_cli.data.clean import Normalization
+
+    manifest = json.loads((raw / "manifest.json").read_text())
+    lines = list(read_lines(raw / f"{split}.{lang}"))
+    normalization = Normalization.from_record(manifest.get("source_normalization"), "manifest", "")
+    if normalization is None or lang != manifest["src_lang"] or split == "train":
+        return lines
+    return [normalization.apply(line) for line in lines]
+
+
 @pytest.fixture(scope="session")
 def multi30k_bpe(multi30k_raw: Path) -> Path:
     """`nmt bpe` of Multi30k with an 8000-piece model."""

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from conftest import MULTI30K_SPLITS, assert_user_error, make_prepare_folder, nmt
+from conftest import MULTI30K_SPLITS, assert_user_error, bpe_input_lines, make_prepare_folder, nmt
 from nmt_cli.artifacts import read_lines
 from nmt_cli.config.data import BinarizeConfig
 from nmt_cli.data import binarize, streaming
@@ -30,7 +30,7 @@ def test_every_line_reads_back_as_its_text(multi30k_raw: Path, multi30k_bin: Pat
     with_unknown = 0
     for split in MULTI30K_SPLITS:
         for lang in ("en", "de"):
-            raw = list(read_lines(multi30k_raw / f"{split}.{lang}"))
+            raw = bpe_input_lines(multi30k_raw, split, lang)
             data = IndexedDataset(multi30k_bin / f"{split}.{lang}")
             assert len(data) == len(raw)
             for line, pieces, ids in zip(raw, sp.encode(raw, out_type=str), data, strict=True):

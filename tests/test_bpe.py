@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 
-from conftest import MULTI30K_SPLITS, assert_user_error, make_prepare_folder, nmt
+from conftest import MULTI30K_SPLITS, assert_user_error, bpe_input_lines, make_prepare_folder, nmt
 from nmt_cli.artifacts import read_lines, sha256_file
 from nmt_cli.config.data import BpeConfig
 from nmt_cli.data import bpe, streaming
-from nmt_cli.data.clean import Normalization
 
 
 def test_every_line_becomes_its_sentencepiece_pieces(multi30k_raw: Path, multi30k_bpe: Path) -> None:
@@ -20,16 +19,13 @@ def test_every_line_becomes_its_sentencepiece_pieces(multi30k_raw: Path, multi30
     normalises its input)."""
     sp = spm.SentencePieceProcessor(model_file=str(multi30k_bpe / "spm.model"))
     record = json.loads((multi30k_raw / "manifest.json").read_text())["source_normalization"]
-    normalization = Normalization.from_record(record, "manifest", "")
-    assert normalization is not None and normalization.punctuation_lang == "en"
+    assert record == {"normalize_punctuation": True, "lang": "en", "remove_non_printing": True}
     assert sp.get_piece_size() == 8000
     # the specials are the Dictionary's
     assert (sp.unk_id(), sp.bos_id(), sp.eos_id(), sp.pad_id()) == (0, -1, -1, -1)
     for split in MULTI30K_SPLITS:
         for lang in ("en", "de"):
-            raw = list(read_lines(multi30k_raw / f"{split}.{lang}"))
-            if lang == "en" and split != "train":
-                raw = [normalization.apply(line) for line in raw]
+            raw = bpe_input_lines(multi30k_raw, split, lang)
             pieces = list(read_lines(multi30k_bpe / f"{split}.{lang}"))
             assert pieces == [" ".join(p) for p in sp.encode(raw, out_type=str)], (split, lang)
 
