@@ -158,14 +158,23 @@ def test_missing_cuda_and_cpu_fp16_are_refused(tiny_trained_model: Path) -> None
         run(TranslateConfig(model=tiny_trained_model, device="cpu", dtype="fp16"))
 
 
-def test_compiled_decoder_translates_as_the_eager_one(tiny_trained_model: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def inductor_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Inductor's cache for this module's compiled decoders: empty at first, so the first test compiles
+    for real (not from a user's cache); the later ones find its kernels (a compile costs a minute or two
+    on 2 cores)."""
+    return tmp_path_factory.mktemp("inductor")
+
+
+def test_compiled_decoder_translates_as_the_eager_one(tiny_trained_model: Path, tmp_path: Path,
+                                                      inductor_cache: Path) -> None:
     """--compile (fused kernels; with --threads 2 in two worker processes, with 1 in this one) gives the
     eager decoder's translations in fp32, batches of several sentences and single ones alike, beam 4
     and greedy."""
     lines = toy_sentences(30, seed=11, max_words=12)
     src = tmp_path / "in.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    cache = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # compiled here, not found in a cache
+    cache = {"TORCHINDUCTOR_CACHE_DIR": str(inductor_cache)}
     for beam, threads in ((4, 2), (1, 1)):
         eager, compiled = tmp_path / f"eager{beam}.txt", tmp_path / f"compiled{beam}.txt"
         nmt("translate", tiny_trained_model, "-i", src, "-o", eager, "--beam", beam, "--max-tokens", 60)
@@ -176,13 +185,13 @@ def test_compiled_decoder_translates_as_the_eager_one(tiny_trained_model: Path, 
     assert len(set(eager.read_text(encoding="utf-8").splitlines())) > 20  # real, differing translations
 
 
-def test_a_worker_process_that_dies_is_a_clear_error(tiny_trained_model: Path, tmp_path: Path,
+def test_a_worker_process_that_dies_is_a_clear_error(tiny_trained_model: Path, inductor_cache: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A compiled decoder's worker killed mid-run (as the out-of-memory killer would) stops the
     translation with a message that says so, not with a traceback or a hang."""
     if (reason := why_torch_compile_cannot_run()) is not None:
         pytest.skip(reason)
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # read by the workers
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache))  # read by the workers
     translator = load(tiny_trained_model, compile=True, threads=2)
     translator.replicas = Replicas(translator.cfg, torch.float32, 2)
     try:
