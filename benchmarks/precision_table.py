@@ -5,7 +5,7 @@ updates), translate each model in fp32 and in bf16, and score each output with s
 
 Corpora: `quickstart` is `recipes/quickstart.sh` (the toy corpus, `recipes/quickstart.yaml`);
 `multi30k` is the Multi30k en-de run of `tests/test_pipeline.py` (../shared/data/multi30k,
-transformer_tiny, 700 updates of 4000 target tokens, the last 3 checkpoints averaged), tested on
+transformer_tiny, 400 updates of 4000 target tokens, the last 3 checkpoints averaged), tested on
 test_2016_flickr. Every stage is the `nmt` command a user runs; only `--precision` and `--dtype`
 differ between rows. Training tok/s is the mean of train.jsonl's `tokens_per_second`; translation
 sent/s and tok/s time the search with sentencepiece (`nmt translate`'s defaults otherwise: beam 4,
@@ -34,9 +34,9 @@ from nmt_cli.inference.translate import load_translator
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("NMT_SHARED_DATA", REPO.parent / "shared" / "data"))
-MULTI30K_TRAIN = ["--arch", "transformer_tiny", "--max-update", "700", "--tokens-per-update", "4000",
+MULTI30K_TRAIN = ["--arch", "transformer_tiny", "--max-update", "400", "--tokens-per-update", "4000",
                   "--max-tokens", "4000", "--save-interval-minutes", "0", "--save-interval-updates", "100",
-                  "--keep-last", "3", "--set", "optim.warmup_updates=400", "--set",
+                  "--keep-last", "3", "--set", "optim.warmup_updates=250", "--set",
                   "valid.interval_updates=100", "--set", "log.interval=50", "--device", "cpu"]
 
 
