@@ -16,6 +16,9 @@ Rows, each against what torch would do without it:
 - incremental decoding's self-attention compiled, bf16, 240 rows (8 heads of 64) of one query
   over 8 and 80 cached positions: `kernels.cached_attention` (products and sums, fused by
   inductor) against the compiled `attention` (batched products left to torch), in us a row;
+- the best 8 of 7792 logits of 256 rows, eager, fp32 (a beam of 4 on the Multi30k model):
+  `beams.best_tokens` (`top_k`'s classes and an in-place log-sum-exp) against `log_softmax` +
+  `topk` over whole rows, and `beams.top_k` alone against `topk`;
 - the best 4 of 7968 logits of 1200 rows compiled, bf16: `beams.best_tokens`' two stages against
   `log_softmax` + `topk` over whole rows.
 The compiled rows need a C++ compiler; they are left out where torch.compile cannot run.
@@ -98,6 +101,15 @@ def training_rows(repeats: int) -> list[tuple[str, str, float]]:
     return rows
 
 
+def search_rows(repeats: int) -> list[tuple[str, str, float]]:
+    logits = torch.randn(256, 7792, generator=torch.Generator().manual_seed(0)) * 3
+    return [("best 8 of 7792 logits, 256 rows, fp32", "beams.best_tokens",
+             timed(lambda: beams.best_tokens(logits.clone(), 8), repeats) - timed(logits.clone, repeats)),
+            ("", "log_softmax + topk", timed(lambda: torch.log_softmax(logits, -1).topk(8, -1), repeats)),
+            ("", "beams.top_k", timed(lambda: beams.top_k(logits, 8), repeats)),
+            ("", "topk", timed(lambda: logits.topk(8, -1), repeats))]
+
+
 def compiled_rows(repeats: int) -> list[tuple[str, str, float]]:
     rows = []
     g = torch.Generator().manual_seed(0)
@@ -133,7 +145,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(describe())
     print(f"{args.threads} threads; median of {args.repeats} calls; ms unless the row says otherwise")
-    rows = attention_rows(args.repeats) + dropout_rows(args.repeats) + training_rows(args.repeats)
+    rows = (attention_rows(args.repeats) + dropout_rows(args.repeats) + training_rows(args.repeats)
+            + search_rows(args.repeats))
     try:
         rows += compiled_rows(args.repeats)
     except Exception as error:  # no C++ compiler, or inductor unsupported here: say so, keep the rest

@@ -12,12 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch import Tensor
 
 from conftest import why_torch_compile_cannot_run
 from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.config.model import ModelConfig
 from nmt_cli.data.dataset import BOS, EOS, PAD
-from nmt_cli.inference.beams import Beams, best_tokens, group_size
+from nmt_cli.inference.beams import Beams, best_tokens, group_size, top_k
 from nmt_cli.inference.search import (
     SMALLEST_SHARED_BATCH,
     IncrementalDecoder,
@@ -108,25 +109,60 @@ def test_decode_step_equals_full_forward(live: list[list[bool]], order: list[int
             tokens = history[:, -1]
 
 
+def whole_row_best(logits: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """What `best_tokens` must give, the plain way: (log-probabilities, tokens, EOS log-probability)."""
+    log_probs = torch.log_softmax(logits, dim=-1)
+    eos = log_probs[:, EOS].clone()
+    log_probs[:, [PAD, BOS]] = -math.inf
+    top = log_probs.topk(k, dim=-1)
+    return top.values, top.indices, eos
+
+
+def hard_logits(vocab: int) -> Tensor:
+    torch.manual_seed(0)
+    logits = torch.randn(50, vocab) * 3
+    logits[0, PAD] = logits[1, BOS] = 100.0  # the most probable, and never produced
+    logits[2, 5000:5004] = 50.0 + torch.arange(4.0)  # the whole top 4 in one group of the compiled path
+    logits[3, 100 + vocab // 8 * torch.arange(4)] = 50.0 + torch.arange(4.0)  # ... in one class of `top_k`
+    logits[4, -3:] = 50.0 + torch.arange(3.0)  # in the columns left over by `top_k`'s classes
+    return logits
+
+
+@pytest.mark.parametrize("vocab", [7968, 7795])
+def test_best_tokens_equal_log_softmax_and_topk(vocab: int) -> None:
+    """The eager path (the log-sum-exp, and `top_k`'s classes with leftover columns when the vocabulary
+    is not a multiple of 8) gives the tokens and log-probabilities of `topk` over `log_softmax`."""
+    logits = hard_logits(vocab)
+    for k in (8, 4, 1):
+        values, tokens, eos = whole_row_best(logits, k)
+        found = best_tokens(logits.clone(), k)
+        assert torch.equal(found.tokens, tokens)
+        torch.testing.assert_close(found.log_probs, values)
+        torch.testing.assert_close(found.eos, eos)
+    top4 = best_tokens(logits.clone(), 4).tokens
+    assert not torch.isin(top4, torch.tensor([PAD, BOS])).any()
+    assert top4[2].tolist() == [5003, 5002, 5001, 5000]
+    assert top4[3].tolist() == (100 + vocab // 8 * torch.arange(3, -1, -1)).tolist()
+    assert top4[4, :3].tolist() == [vocab - 1, vocab - 2, vocab - 3]
+    rows = torch.randn(30, 1003)
+    for k in (1, 5, 125):  # 125 classes of 8 columns: every class is a candidate
+        assert torch.equal(top_k(rows, k)[1], rows.topk(k, dim=-1).indices)
+
+
 def test_best_tokens_in_two_stages_when_compiled_equal_topk() -> None:
     """The compiled CPU path's group maxima, then the top k within the best k groups, gives the
     tokens and log-probabilities `topk` over `log_softmax` gives, never PAD or BOS."""
     if (reason := why_torch_compile_cannot_run()) is not None:
         pytest.skip(reason)
     assert group_size(7968) == 96 and group_size(32000) == 160 and group_size(64) == 0
-    torch.manual_seed(0)
-    logits = torch.randn(50, 7968) * 3
-    logits[0, PAD] = logits[1, BOS] = 100.0  # the most probable, and never produced
-    logits[2, 5000:5004] = 50.0 + torch.arange(4.0)  # the whole top 4 in one group
+    logits = hard_logits(7968)
     compiled = torch.compile(best_tokens, dynamic=True)
     for k in (4, 1):
-        expected, found = best_tokens(logits, k), compiled(logits, k)
-        assert torch.equal(found.tokens, expected.tokens)
-        torch.testing.assert_close(found.log_probs, expected.log_probs)
-        torch.testing.assert_close(found.eos, expected.eos)
-    top4 = compiled(logits, 4).tokens
-    assert (not torch.isin(top4, torch.tensor([PAD, BOS])).any()
-            and top4[2].tolist() == [5003, 5002, 5001, 5000])
+        values, tokens, eos = whole_row_best(logits, k)
+        found = compiled(logits.clone(), k)
+        assert torch.equal(found.tokens, tokens)
+        torch.testing.assert_close(found.log_probs, values)
+        torch.testing.assert_close(found.eos, eos)
 
 
 def test_compiled_search_equals_reference(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -220,7 +256,8 @@ def test_search_equals_reference_on_a_trained_model(tiny_trained_model: Path, st
 
 def test_the_two_styles_differ_and_the_paper_keeps_its_beam_full() -> None:
     """Where hypotheses finish early, the shrinking beam is left with fewer live ones and the two
-    styles return different n-best lists; the paper's keeps `beam` live hypotheses at every step."""
+    styles return different n-best lists; the paper's keeps `beam` live hypotheses at every step
+    (here until the search stops: with nbest 4, none is hopeless before it stops)."""
     model = random_model(24, seed=0)
     with torch.no_grad():
         model.embed.weight[EOS] *= 2  # hypotheses end early and often
@@ -236,6 +273,28 @@ def test_the_two_styles_differ_and_the_paper_keeps_its_beam_full() -> None:
                       or step(self, tokens, *rest))
         beam_search(model, padded(sources[:1]), **settings, style="paper")
     assert rows[0] == 1 and set(rows[1:]) == {4}  # BOS, then a full beam until the search stops
+
+
+def test_the_paper_beam_drops_only_hypotheses_that_cannot_enter_the_nbest() -> None:
+    """Once a sentence has its n-best finished, live hypotheses whose bound cannot beat them leave the
+    beam (fewer decoder rows), and the n-best lists are still the full beam's (the reference search
+    keeps every slot filled)."""
+    model = random_model(24, seed=2)
+    with torch.no_grad():
+        model.embed.weight[EOS] *= 2  # hypotheses end early and often
+    sources = random_sources(24, [3, 7, 1, 5, 9, 2, 6, 4], seed=0)
+    settings = dict(beam=4, nbest=1, lenpen=0.6, max_len_a=1.0, max_len_b=6, style="paper")
+    rows: list[int] = []
+    step = IncrementalDecoder.step
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(IncrementalDecoder, "step", lambda self, tokens, *rest: rows.append(len(tokens))
+                      or step(self, tokens, *rest))
+        found = beam_search(model, padded(sources), **settings)
+    assert any(n % 4 for n in rows[1:])  # some sentence's beam held fewer than 4 live hypotheses
+    for source, hyps in zip(sources, found, strict=True):
+        expected = reference_search(model, source, **settings)
+        assert [h.tokens for h in hyps] == [h.tokens for h in expected]
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in expected], abs=1e-5)
 
 
 def greedy(model: Transformer, source: list[int], max_len: int) -> list[int]:

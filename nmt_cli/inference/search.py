@@ -24,6 +24,10 @@ The search, for each sentence (Y counts its EOS; log-probabilities are natural l
   (s <= 0 and lp > 0; lp is monotone in L, so its maximum over the range is at an end). When the
   best live s gives a bound no higher than the nbest-th finished score, no continuation can enter
   the n-best: stopping there returns exactly what running to the maximum length would return.
+  In the paper's style the same bound also takes a single live hypothesis out of the beam as soon
+  as it cannot enter the n-best: its continuations score no higher than it does, so they could
+  only ever take beam slots from hypotheses as hopeless (every hypothesis that outranks one of
+  them is kept either way), and the n-best come out exactly as with a full beam, on fewer rows.
 
 Sentences that are done leave the batch, and so do empty slots: a sentence with fewer live
 hypotheses than the others' gets fewer decoder rows. The beams of one sentence share its encoder states.
@@ -187,11 +191,16 @@ def beam_search(model: Transformer, src: Tensor, *, beam: int, nbest: int, lenpe
         if beams is not None:  # the decoder row each extends (an empty slot has none: N, and is never kept)
             rows = beams.row.view(-1)[rows]
         ends, going_on = chosen(style, values, new_tokens, beam, n_finished)
-        for b, j in ends.nonzero().tolist():
-            finished.add(int(sentences[b]), history[rows[b, j]].tolist(), float(values[b, j]), lenpen)
+        b, j = ends.nonzero().unbind(1)  # one gather and one copy to Python for all that finish
+        for sentence, output, log_prob in zip(sentences[b].tolist(), history[rows[b, j]].tolist(),
+                                              values[b, j].tolist(), strict=True):
+            finished.add(sentence, output, log_prob, lenpen)
         n_finished += ends.sum(1)
+        best_lp = final_lp.clamp(min=length_penalty(step + 2.0, lenpen))
+        if style == "paper":  # hopeless hypotheses leave the beam (see the module docstring)
+            going_on &= values.double() / best_lp[:, None] > finished.nth_best[sentences].double()[:, None]
         live, scores, rows, new_tokens = live_first(going_on, values, rows, new_tokens)
-        bound = scores[:, 0].double() / final_lp.clamp(min=length_penalty(step + 2.0, lenpen))
+        bound = scores[:, 0].double() / best_lp
         done = ~live[:, 0] | (finished.nth_best[sentences].double() >= bound)
         if bool(done.all()):
             break
