@@ -101,6 +101,22 @@ def test_translate_warns_on_such_a_cpu(model_path: Path, dtype: str, cpu: Cpu,
         said[:1] if warned else [])
 
 
+@pytest.mark.parametrize(("cpu", "d_model", "expected"), [
+    (SAPPHIRE_RAPIDS, 256, torch.bfloat16), (SAPPHIRE_RAPIDS, 128, torch.float32),
+    (FLAGS_BUT_SLOW, 256, torch.float32), (AVX2_ONLY, 512, torch.float32)])
+def test_auto_translates_in_bf16_only_on_fast_bf16_and_a_wide_enough_model(
+        tmp_path: Path, toy_spm, cpu: Cpu, d_model: int, expected: torch.dtype) -> None:
+    """`--dtype auto` on the CPU: bf16 where the CPU measured fast bf16 products and the model is wide
+    enough for a decoding step to gain from it (benchmarks/decode_precision.py), else fp32."""
+    spm_bytes, dictionary = toy_spm
+    model = Transformer(ModelConfig(encoder_layers=1, decoder_layers=1, d_model=d_model, d_ff=32, heads=2),
+                        len(dictionary)).eval()
+    path = save_model_file(tmp_path / "model.pt", model, dictionary, spm_bytes)
+    translator = load_translator(TranslateConfig(model=path, device="cpu", threads=1), lambda _: None, cpu)
+    translator.close()
+    assert next(translator.model.parameters()).dtype == expected
+
+
 def test_every_benchmark_table_starts_with_the_machine_and_its_cpu_capability() -> None:
     """benchmarks/machine.py's line names torch's CPU capability and the bf16 flags; every script
     that prints a table of measurements prints it."""

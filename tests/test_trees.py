@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import random
 import re
+from pathlib import Path
 
 import pytest
+import torch
+from test_search import padded, random_model
 
 from nmt_cli.data import treebank
+from nmt_cli.data.dataset import EOS, SPECIALS
 from nmt_cli.evaluation import evalb
-from nmt_cli.inference.trees import as_tree_line, rebuild
+from nmt_cli.inference.search import beam_search
+from nmt_cli.inference.trees import TreeConstraint, TreeSymbols, _tag_of, as_tree_line, rebuild
 
 TREES = [  # normalised trees of several shapes: unary chains, punctuation, several top constituents
     "(TOP (S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat)))) (. .)))",
@@ -111,8 +116,8 @@ def test_added_punctuation_is_tagged_so_that_evalb_deletes_it_and_brackets_in_wo
 
 def test_translate_writes_one_tree_per_line_in_order_and_counts_repairs(tiny_trained_model, tmp_path) -> None:
     """A model that is no parser (it copies toy sentences, whose words then read as leaves under the
-    root, or need repair): every line gets its tree over its own words, an empty line stays empty,
-    and the trees and repairs are counted."""
+    root, or need repair; its dictionary has no tree symbols to hold the search to): every line gets
+    its tree over its own words, an empty line stays empty, and the trees and repairs are counted."""
     from conftest import nmt
 
     lines = ["red cat sings", "", "the old dog runs near the river", "a"]
@@ -126,3 +131,67 @@ def test_translate_writes_one_tree_per_line_in_order_and_counts_repairs(tiny_tra
         if line:
             assert evalb.read_sentence(tree).words == line.split() and tree.startswith("(TOP ")
     assert re.search(r"translate: 3 trees, [0-3] repaired", proc.stderr), proc.stderr
+    assert "has no tree symbols" in proc.stderr  # so the search was not held to trees
+
+
+# -- the search held to well-formed trees ----------------------------------------------------------
+
+PIECE = "\N{LOWER ONE EIGHTH BLOCK}"
+
+
+def tree_symbols(tokens: set[str]) -> list[str]:
+    """A parsing model's dictionary: the specials, a piece per tree token, and pieces of source words."""
+    return [*SPECIALS, *sorted(PIECE + token for token in tokens), f"{PIECE}the", "ing", f"{PIECE}"]
+
+
+def allows(constraint: TreeConstraint, ids: list[int], room: int = 1000) -> list[bool]:
+    """Whether each token of `ids` (then EOS) was allowed after the ones before it."""
+    one = torch.tensor([0])
+    return [bool(constraint.allowed(torch.tensor([ids[:t]]), one, torch.tensor([room - t]))[0, token])
+            for t, token in enumerate([*ids, EOS])]
+
+
+@pytest.mark.parametrize("pos_tags", ["normalise", "keep"])
+def test_the_constraint_admits_every_tree_of_the_sample(ptb_sample: Path, pos_tags: treebank.PosTags) -> None:
+    """Every linearised tree of the treebank sample (every tenth, for time) is allowed token by token,
+    but for the trees the treebank itself tags against its own punctuation (``(, Wa)``): EVALB
+    would make those errors anyway."""
+    trees = [treebank.normalise(tree) for path in sorted(ptb_sample.glob("wsj_*.mrg"))
+             for tree in treebank.read_mrg(path)][::10]
+    trees = [tree for tree in trees if tree is not None]
+    linear = [treebank.linearise(tree, pos_tags).split() for tree in trees]
+    symbols = tree_symbols({token for tokens in linear for token in tokens})
+    index = {symbol: i for i, symbol in enumerate(symbols)}
+    tree_table = TreeSymbols(symbols)
+    refused = 0
+    for tree, tokens in zip(trees, linear, strict=True):
+        words = tree.words()
+        marks = [(_tag_of(word, leaf.label), leaf.label) for word, leaf in zip(words, tree.preterminals(),
+                                                                                 strict=True)]
+        own_punctuation = all(tag == label or label not in treebank.PUNCTUATION_TAGS and tag == label
+                              for tag, label in marks)
+        ok = all(allows(TreeConstraint(tree_table, [words]), [index[PIECE + token] for token in tokens]))
+        assert ok or not own_punctuation, " ".join(tokens)
+        refused += not ok
+    assert refused <= len(trees) // 100
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_constrained_search_writes_only_well_formed_trees(seed: int) -> None:
+    """A random model held to the constraint: every output is a tree over exactly its sentence's words,
+    punctuation tagged as the treebank tags it, with no repair; also when the maximum length leaves
+    little room beyond the words (max_len_b 3 over the source's pieces)."""
+    tokens = {"(S", ")S", "(NP", ")NP", "(VP", ")VP", "(PP", ")PP", "XX", ",", ".", "``", "''", ":"}
+    symbols = tree_symbols(tokens)
+    model = random_model(len(symbols), seed)
+    g = random.Random(seed)
+    marks = ["a", "b", ",", ".", "--", "'"]
+    sentences = [[g.choice(marks) for _ in range(g.randint(1, 9))] for _ in range(12)]
+    sources = [[4 + g.randrange(len(symbols) - 4) for _ in words] + [EOS] for words in sentences]
+    for max_len_b in (20, 3):
+        found = beam_search(model, padded(sources), beam=3, nbest=1, lenpen=0.6, max_len_a=1.0,
+                            max_len_b=max_len_b, constraint=TreeConstraint(TreeSymbols(symbols), sentences))
+        for words, hyps in zip(sentences, found, strict=True):
+            output = " ".join(symbols[i][1:] for i in hyps[0].tokens)
+            tree, repairs = rebuild(output, words)
+            assert repairs == [] and valid(tree, words), output

@@ -45,6 +45,10 @@ class TranslateConfig:
         "raw", "detokenized text, space-separated sentencepiece pieces, or (a parsing model of `nmt prepare "
         "ptb`) the output as a bracketed tree over the input's words, ill-formed ones repaired and counted",
         flag="--output-format")
+    constrain: bool = opt(True, "with --output-format tree: search only well-formed trees over the input's "
+                          "words (a word token for each input word, brackets opened and closed in pairs); "
+                          "not with --compile or an exported folder, whose outputs are repaired instead",
+                          flag="--constrain/--no-constrain")
     device: Device = opt("auto", "auto: cuda when available, else cpu", flag="--device")
     dtype: Precision = opt("auto", "auto: bf16 on cuda, fp32 on cpu", flag="--dtype")
     threads: int = opt(0, "CPU threads (0: one per core); on the CPU each searches its own batch",

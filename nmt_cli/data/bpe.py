@@ -16,6 +16,8 @@ about 37000 tokens"):
   the dictionary, and they would only take 256 slots of the vocabulary.
 - Lines longer than `MAX_TRAIN_SENTENCE_BYTES` (sentencepiece's default, stated here) are left out of
   training (they are mostly noise, and slow the trainer); they are still encoded. The count is reported.
+- The target symbols the manifest names (`parsing.target_symbols`: the tree symbols of `nmt prepare
+  ptb`) are user-defined pieces, each always one piece.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import io
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +69,8 @@ def run(cfg: BpeConfig) -> None:
             model, training = reused, {"trained": False}
         else:
             train_files = [cfg.raw / f"train.{src}", cfg.raw / f"train.{tgt}"]
-            model, training = train_model(cfg, train_files, 2 * lines["train"])
+            symbols = _whole_symbols(manifest, cfg.raw / "manifest.json")
+            model, training = train_model(cfg, train_files, 2 * lines["train"], symbols)
         with atomic_writer(cfg.out / "spm.model") as f:
             f.write(model)
         processor = spm.SentencePieceProcessor(model_proto=model)
@@ -126,13 +129,26 @@ def sentencepiece_processor(model: bytes, source: str, fix: str) -> spm.Sentence
         raise NmtError(f"{source} is not a sentencepiece model (it does not load as one); {fix}") from None
 
 
-def train_model(cfg: BpeConfig, files: list[Path], total_sentences: int) -> tuple[bytes, dict[str, Any]]:
-    """Train a BPE model on a seeded sample of the lines of `files`; returns (model bytes, facts)."""
+def _whole_symbols(manifest: dict[str, Any], path: Path) -> list[str]:
+    """The target symbols the manifest asks to keep whole (`nmt prepare ptb`'s tree symbols), checked."""
+    symbols = manifest.get("parsing", {}).get("target_symbols", [])
+    if not isinstance(symbols, list) or not all(isinstance(s, str) and s and not any(c.isspace() for c in s)
+                                                for s in symbols):
+        raise NmtError(f"{path}: parsing.target_symbols must be a list of tokens without spaces; run "
+                       f"`{PREPARE_COMMAND}` again")
+    return symbols
+
+
+def train_model(cfg: BpeConfig, files: list[Path], total_sentences: int,
+                symbols: Sequence[str] = ()) -> tuple[bytes, dict[str, Any]]:
+    """Train a BPE model on a seeded sample of the lines of `files`; returns (model bytes, facts).
+    Each of `symbols` is one piece wherever it stands as a word (a user-defined symbol with its
+    leading space, so that it stays one token of the line, not a space and the symbol)."""
     chosen = _choose_lines(total_sentences, cfg.sample_sentences, cfg.seed)
     facts: dict[str, Any] = {
         "trained": True, "model_type": "bpe", "training_sentences": total_sentences,
         "sampled_sentences": total_sentences if chosen is None else len(chosen), "too_long_sentences": 0,
-        "byte_fallback": cfg.character_coverage < 1.0}
+        "byte_fallback": cfg.character_coverage < 1.0, "whole_symbols": len(symbols)}
     failure: list[BaseException] = []  # sentencepiece turns an error in our iterator into a bare RuntimeError
     model = io.BytesIO()
     try:
@@ -141,6 +157,7 @@ def train_model(cfg: BpeConfig, files: list[Path], total_sentences: int) -> tupl
             model_type="bpe", vocab_size=cfg.vocab_size, character_coverage=cfg.character_coverage,
             byte_fallback=facts["byte_fallback"], unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1,
             input_sentence_size=0, max_sentence_length=MAX_TRAIN_SENTENCE_BYTES,
+            user_defined_symbols=[f"\N{LOWER ONE EIGHTH BLOCK}{symbol}" for symbol in symbols],
             num_threads=min(cpu_cores(), 128), minloglevel=2)
     except RuntimeError as e:
         if failure:

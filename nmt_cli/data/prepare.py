@@ -225,17 +225,20 @@ def _prepare_ptb(cfg: PrepareConfig, stage: StageOutput, src: str, tgt: str) -> 
     splits = ptb.split_files(files, cfg.split_files)
     stage.inputs["treebank"] = {"path": str(Path(cfg.treebank).absolute()), "files": len(files),
                                 "bytes": sum(p.stat().st_size for p in files.values())}
+    symbols: set[str] = set()  # of the training trees
     for split, paths in splits.items():
         name = f"{split}.{ptb.TREES}"
         origin = f"{paths[0].name} .. {paths[-1].name}"
         with _split_writer(stage, split, src, tgt, origin) as write, \
                 atomic_writer(stage.out / name, "wb") as trees:
             counts = ptb.write_split(paths, cfg.pos_tags, write, trees, split,
-                                     cfg.max_words if split == "train" else 0)
+                                     cfg.max_words if split == "train" else 0,
+                                     symbols if split == "train" else None)
         stage.add_output(name, lines=counts["trees"])
         stage.info["splits"][split].update(counts, references=name)
     stage.info["cleaning"] = {"applied_to": "nothing: every tree is kept as the treebank has it"}
-    stage.info["parsing"] = {"pos_tags": cfg.pos_tags, "split_files": cfg.split_files or ptb.STANDARD_SPLIT}
+    stage.info["parsing"] = {"pos_tags": cfg.pos_tags, "split_files": cfg.split_files or ptb.STANDARD_SPLIT,
+                             "target_symbols": sorted(symbols)}
 
 
 # ---------------------------------------------------------------------------------------------

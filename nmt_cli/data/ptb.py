@@ -12,6 +12,10 @@ NLTK's, files 0001-0099 of section 00). Per tree, in file order:
 - ``{split}.trees``: the treebank's own tree on one line, root labelled TOP, function tags and empty
   elements left in: the reference of `nmt score --task parse` (EVALB removes them itself).
 
+The manifest's ``parsing.target_symbols`` lists every token of the training trees' linearisations
+(``(NP``, ``)NP``, ``XX``, the punctuation tags...): `nmt bpe` keeps each one a single piece, as
+Vinyals et al. (2015) give each its own output symbol.
+
 A tree with nothing but empty elements is left out of all three, and so is a training tree of more
 than `max_words` words (by default none of WSJ's); both are counted in the manifest.
 """
@@ -99,10 +103,10 @@ Write = Callable[[str, str], None]
 
 
 def write_split(paths: list[Path], pos_tags: treebank.PosTags, write: Write, trees: IO[bytes],
-                name: str, max_words: int = 0) -> dict[str, int]:
+                name: str, max_words: int = 0, symbols: set[str] | None = None) -> dict[str, int]:
     """Each tree of `paths` as a (words, linearised tree) pair through `write` and as a reference
     line in `trees`, leaving out trees of more than `max_words` words (0: none); returns the counts
-    for the manifest."""
+    for the manifest. `symbols` collects the tokens of the linearised trees."""
     counts = {"files": len(paths), "trees": 0, "words": 0, "empty_trees_left_out": 0,
               "long_trees_left_out": 0}
     line = lambda p: f"prepare ptb {name}: {p.done}/{len(paths)} files, {counts['trees']} trees"  # noqa: E731
@@ -117,7 +121,10 @@ def write_split(paths: list[Path], pos_tags: treebank.PosTags, write: Write, tre
                 if max_words and len(words) > max_words:
                     counts["long_trees_left_out"] += 1
                     continue
-                write(" ".join(words), treebank.linearise(normal, pos_tags))
+                linear = treebank.linearise(normal, pos_tags)
+                write(" ".join(words), linear)
+                if symbols is not None:
+                    symbols.update(linear.split())
                 trees.write((treebank.to_string(treebank.with_root(tree)) + "\n").encode("utf-8"))
                 counts["trees"] += 1
                 counts["words"] += len(words)

@@ -50,10 +50,12 @@ class NextTokens(NamedTuple):
 
 
 def next_tokens(model: Transformer, tokens: Tensor, step: int, enc: Encoded, cache: Cache, k: int,
-                beams: Beams | None = None) -> NextTokens:
-    """The model's `decode_step`, then each row's k most probable next tokens (`best_tokens`): the unit
-    `search.compile_decoder` compiles."""
+                beams: Beams | None = None, allowed: Tensor | None = None) -> NextTokens:
+    """The model's `decode_step`, then each row's k most probable next tokens (`best_tokens`), among the
+    `allowed` ones (N, V) if given: the unit `search.compile_decoder` compiles."""
     scores = model.decode_step(tokens, step, enc, cache, beams)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, -math.inf)
     return best_tokens(scores, k, normalized=getattr(model, "scores_are_log_probs", False))  # an Ensemble's
 
 

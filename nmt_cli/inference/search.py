@@ -72,6 +72,20 @@ class Hypothesis(NamedTuple):
     log_prob: float  # log P(Y | X), EOS included
 
 
+class Constraint(Protocol):
+    """Which tokens each hypothesis may continue with (`trees.TreeConstraint`: well-formed trees)."""
+
+    def allowed(self, history: Tensor, sentence: Tensor, room: Tensor) -> Tensor:
+        """history (N, t): each decoder row's tokens so far; sentence (N,): the row's sentence in the
+        batch; room (N,): the tokens the row may still produce after this one before EOS is forced
+        -> (N, V) bool. The model's probabilities are renormalised over the allowed tokens."""
+        ...
+
+    def select(self, sentences: Sequence[int]) -> Constraint:
+        """The constraint of a batch made of these sentences (indices of `translate_ids`' sources)."""
+        ...
+
+
 class Penalty(NamedTuple):
     """A length penalty's alpha and its form (a plain float alpha is GNMT's)."""
 
@@ -110,8 +124,9 @@ class IncrementalDecoder:
         self.enc = model.encode(src)
         self.cache = model.start_decoding(self.enc)
 
-    def step(self, tokens: Tensor, history: Tensor, step: int, beams: Beams | None, k: int) -> NextTokens:
-        return self.next_tokens(self.model, tokens, step, self.enc, self.cache, k, beams)
+    def step(self, tokens: Tensor, history: Tensor, step: int, beams: Beams | None, k: int,
+             allowed: Tensor | None = None) -> NextTokens:
+        return self.next_tokens(self.model, tokens, step, self.enc, self.cache, k, beams, allowed)
 
     def reorder(self, rows: Tensor, sentences: Tensor | None) -> None:
         self.enc, self.cache = self.model.reorder(self.enc, self.cache, rows, sentences)
@@ -124,14 +139,16 @@ class FullForwardDecoder:
     def __init__(self, model: Transformer, src: Tensor) -> None:
         self.model, self.src = model, src
 
-    def step(self, tokens: Tensor, history: Tensor, step: int, beams: Beams | None, k: int) -> NextTokens:
+    def step(self, tokens: Tensor, history: Tensor, step: int, beams: Beams | None, k: int,
+             allowed: Tensor | None = None) -> NextTokens:
         rows, sentences = history.shape[0], self.src.shape[0]
         if beams is None:
             src = self.src.repeat_interleave(rows // sentences, dim=0)
         else:
             src = self.src[beams.sentence()]
         prev = torch.cat([torch.full((rows, 1), BOS, dtype=history.dtype, device=history.device), history], 1)
-        return best_tokens(self.model(src, prev)[:, -1], k)
+        logits = self.model(src, prev)[:, -1]
+        return best_tokens(logits if allowed is None else logits.masked_fill(~allowed, -math.inf), k)
 
     def reorder(self, rows: Tensor, sentences: Tensor | None) -> None:
         if sentences is not None:
@@ -160,14 +177,14 @@ class _Finished:
 
 @torch.inference_mode()
 def beam_search(model: Transformer, src: Tensor, *, beam: int, nbest: int, lenpen: float | Penalty,
-                max_len_a: float, max_len_b: int, cached: bool = True,
-                style: BeamStyle = "paper") -> list[list[Hypothesis]]:
+                max_len_a: float, max_len_b: int, cached: bool = True, style: BeamStyle = "paper",
+                constraint: Constraint | None = None) -> list[list[Hypothesis]]:
     """Translate one batch: src (B, S) source ids, right-padded, each ending in EOS.
 
     Returns, for each sentence in order, its best `nbest` hypotheses, best first (fewer only when the
     vocabulary and maximum length allow fewer distinct outputs). `cached=False` runs the same
     search re-running the full model at every step (for speed comparisons). `style`: see the module
-    docstring.
+    docstring. `constraint`: the only tokens each hypothesis may continue with (see `Constraint`).
     """
     assert 1 <= nbest <= beam
     style = style if beam > 1 else "shrinking"  # beam 1: greedy (see the module docstring)
@@ -185,7 +202,12 @@ def beam_search(model: Transformer, src: Tensor, *, beam: int, nbest: int, lenpe
     n_finished = torch.zeros(B, dtype=torch.long, device=device)
     beams: Beams | None = None  # the decoder rows' slots when some slots are empty; None: one row per slot
     for step in range(int(max_len.max()) + 1):
-        best = decoder.step(tokens, history, step, beams, width)
+        allowed = None
+        if constraint is not None:
+            row = (torch.arange(len(sentences), device=device).repeat_interleave(scores.shape[1])
+                   if beams is None else beams.sentence())
+            allowed = constraint.allowed(history, sentences[row], max_len[row] - step - 1)
+        best = decoder.step(tokens, history, step, beams, width, allowed)
         values, slots, new_tokens = extensions(best, scores, width, step >= max_len, beams)
         rows = torch.arange(len(sentences), device=device)[:, None] * scores.shape[1] + slots  # (B, k)
         if beams is not None:  # the decoder row each extends (an empty slot has none: N, and is never kept)
@@ -239,13 +261,13 @@ def compile_decoder(model: Transformer, beam: int) -> None:
     compiled = torch.compile(next_tokens, dynamic=True)
 
     def compiled_next_tokens(model: Transformer, tokens: Tensor, step: int, enc: Encoded, cache: Cache,
-                             k: int, beams: Beams | None) -> NextTokens:
+                             k: int, beams: Beams | None, allowed: Tensor | None = None) -> NextTokens:
         # Always the best 2 * `beam` tokens, so that the greedy warm-up makes graphs for the beam
         # search of either style (more than k change nothing). No duck sizing: by default, sizes equal
         # when first compiled are assumed equal for good (4 slots a sentence and 4 heads), and each
         # later difference costs a recompile in the middle of a search.
         with fx_config.patch(use_duck_shape=False):
-            return compiled(model, tokens, step, enc, cache, max(k, 2 * beam), beams)
+            return compiled(model, tokens, step, enc, cache, max(k, 2 * beam), beams, allowed)
 
     _compiled[model] = compiled_next_tokens
     device = next(model.parameters()).device
@@ -272,7 +294,8 @@ class Pool(Protocol):
 
 def translate_ids(model: Transformer, sources: Sequence[Sequence[int]], cfg: TranslateConfig,
                   on_batch: Callable[[int], None] | None = None, workers: int = 1,
-                  cached: bool = True, replicas: Pool | None = None) -> list[list[Hypothesis]]:
+                  cached: bool = True, replicas: Pool | None = None,
+                  constraint: Constraint | None = None) -> list[list[Hypothesis]]:
     """Translate token-id sequences (each ending in EOS, none longer than the model's
     max_positions) in batches of similar length, longest first, of at most `cfg.max_tokens` padded
     source tokens. Returns each source's n-best list in input order; `on_batch(n)` after each batch of
@@ -284,7 +307,8 @@ def translate_ids(model: Transformer, sources: Sequence[Sequence[int]], cfg: Tra
     made when a worker is free, from the tokens not yet handed out (`_batches`): large while much is
     left, small at the end, so that the workers finish together. `replicas`: the batches are searched
     by those worker processes instead (a compiled decoder; `workers` is then their count).
-    `cached=False`: see `beam_search`.
+    `cached=False`: see `beam_search`. `constraint`: of all the sources, in their order (not applied
+    by `replicas`).
     """
     results: list[list[Hypothesis]] = [[] for _ in sources]
     if not sources:
@@ -299,11 +323,12 @@ def translate_ids(model: Transformer, sources: Sequence[Sequence[int]], cfg: Tra
             src[row, : sizes[i]] = torch.as_tensor(sources[i])
         return src
 
-    def search(src: Tensor) -> list[list[Hypothesis]]:
-        return beam_search(model, src.to(device), beam=cfg.beam, nbest=cfg.nbest,
+    def search(batch: np.ndarray) -> list[list[Hypothesis]]:
+        return beam_search(model, padded(batch).to(device), beam=cfg.beam, nbest=cfg.nbest,
                            lenpen=Penalty(cfg.lenpen, cfg.length_penalty),
                            max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b, cached=cached,
-                           style=cfg.beam_style)
+                           style=cfg.beam_style,
+                           constraint=None if constraint is None else constraint.select(batch.tolist()))
 
     def record(batch: np.ndarray, hypotheses: list[list[Hypothesis]]) -> None:
         for i, found in zip(batch.tolist(), hypotheses, strict=True):
@@ -315,20 +340,20 @@ def translate_ids(model: Transformer, sources: Sequence[Sequence[int]], cfg: Tra
     batches = _batches(sizes, cfg.max_tokens, workers)
     if workers <= 1 and replicas is None:
         for batch in batches:
-            record(batch, search(padded(batch)))
+            record(batch, search(batch))
         return results
     with contextlib.ExitStack() as stack:
-        if replicas is not None:
-            submit = replicas.submit
+        if replicas is not None:  # they search without a constraint (the translator says so)
+            submit = lambda batch: replicas.submit(padded(batch))  # noqa: E731
         else:
             submit = functools.partial(stack.enter_context(ThreadPoolExecutor(workers)).submit, search)
-        running = {submit(padded(batch)): batch for batch in itertools.islice(batches, workers)}
+        running = {submit(batch): batch for batch in itertools.islice(batches, workers)}
         while running:
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
                 record(running.pop(future), future.result())
                 if (batch := next(batches, None)) is not None:
-                    running[submit(padded(batch))] = batch
+                    running[submit(batch)] = batch
     return results
 
 

@@ -38,9 +38,9 @@ from nmt_cli.inference import ct2
 from nmt_cli.inference.ensemble import Ensemble, check_members
 from nmt_cli.inference.replicas import Replicas, describe
 from nmt_cli.inference.search import compile_decoder, keep_freed_memory, translate_ids
-from nmt_cli.inference.trees import as_tree_line
+from nmt_cli.inference.trees import TreeConstraint, TreeSymbols, as_tree_line
 from nmt_cli.model import file as model_file
-from nmt_cli.model.cpu import Cpu, slow_bf16_warning
+from nmt_cli.model.cpu import Cpu, slow_bf16_warning, this_cpu
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.progress import ProgressReport
 
@@ -49,6 +49,7 @@ from nmt_cli.progress import ProgressReport
 _CONTROL = {c: " " for c in [*range(0x20), 0x7F, *range(0x80, 0xA0), 0x2028, 0x2029]}
 
 Warn = Callable[[str], None]
+MIN_BF16_D_MODEL = 256  # `--dtype auto` on a CPU with fast bf16: narrower models decode in fp32
 
 
 def clean_line(raw: bytes, number: int, warn: Warn) -> str:
@@ -82,6 +83,23 @@ class Translator:
         self.workers = workers  # batches searched at once (see `translate_ids`)
         self.replicas = replicas  # worker processes that search instead, if any: `close` stops them
         self.trees, self.repaired, self.repairs = 0, 0, Counter[str]()  # --output-format tree
+        self.tree_symbols = self._tree_symbols()
+
+    def _tree_symbols(self) -> TreeSymbols | None:
+        """The dictionary's tree symbols, when the search is to be held to well-formed trees."""
+        if self.cfg.output_format != "tree" or not self.cfg.constrain:
+            return None
+        if self.replicas is not None or self.search is not None:
+            self.warn(f"the search is not held to well-formed trees with "
+                      f"{'--compile' if self.replicas is not None else 'an exported model'}; ill-formed "
+                      "outputs are repaired")
+            return None
+        symbols = TreeSymbols(self.dictionary.symbols)
+        if not symbols.usable:
+            self.warn("the model's dictionary has no tree symbols (a parsing model's opening, closing and "
+                      "word tokens), so the search is not held to well-formed trees")
+            return None
+        return symbols
 
     def close(self) -> None:
         if self.replicas is not None:
@@ -152,10 +170,13 @@ class Translator:
             if len(ids) > 1:  # more than EOS
                 sources.append(ids)
                 where.append(i)
+        constraint = None
+        if self.tree_symbols is not None:
+            constraint = TreeConstraint(self.tree_symbols, [lines[i].split() for i in where])
         try:
             found = (self.search(sources, on_batch) if self.search is not None
                      else translate_ids(self.model, sources, self.cfg, on_batch, self.workers,
-                                        replicas=self.replicas))
+                                        replicas=self.replicas, constraint=constraint))
         except BrokenProcessPool:  # only worker processes (--compile) break this way
             raise NmtError(_worker_died("translating")) from None
         results: list[list[tuple[float, str]]] = [[] for _ in lines]
@@ -196,7 +217,7 @@ def _device_and_dtype(cfg: TranslateConfig) -> tuple[torch.device, torch.dtype]:
         case _:
             device = torch.device("cpu")
     match cfg.dtype:
-        case "auto":
+        case "auto":  # on the CPU decided once the model is loaded (`_cpu_auto_dtype`)
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         case "bf16":
             dtype = torch.bfloat16
@@ -256,6 +277,8 @@ def load_translator(cfg: TranslateConfig, warn: Warn, cpu: Cpu | None = None) ->
         model = Ensemble([m for m, _, _, _ in loaded])
     sp = sentencepiece_processor(spm_bytes, f"the sentencepiece model inside {cfg.model[0]}",
                                  "the file is damaged or was not written by nmt")
+    if cfg.dtype == "auto" and device.type == "cpu":
+        dtype = _cpu_auto_dtype(model, cpu or this_cpu())
     model = model.to(dtype)
     replicas = None
     if cfg.compile:
@@ -272,6 +295,17 @@ def load_translator(cfg: TranslateConfig, warn: Warn, cpu: Cpu | None = None) ->
                            "or translate without --compile") from None
     return Translator(model, dictionary, sp, cfg, warn, workers, replicas,
                       normalization=normalization if cfg.normalize == "model" else None)
+
+
+def _cpu_auto_dtype(model: Transformer, cpu: Cpu) -> torch.dtype:
+    """`--dtype auto` on the CPU: bf16 where the CPU has fast bf16 matrix products (`Cpu.fast_bf16`:
+    its flags, and a product measured faster) and the model's layers are wide enough for bf16 to pay
+    in a decoding step (d_model >= MIN_BF16_D_MODEL), else fp32. BLEU is the same either way
+    (within 0.2: benchmarks/README.md's table); the speed is not: `benchmarks/decode_precision.py`
+    measured a decoding step of transformer_tiny (d_model 128) about as fast in bf16 as in fp32,
+    and of transformer_small and base about 1.7x as fast, on a CPU with AMX."""
+    wide = model.cfg.d_model >= MIN_BF16_D_MODEL
+    return torch.bfloat16 if cpu.fast_bf16 and wide else torch.float32
 
 
 def _worker_died(doing: str) -> str:

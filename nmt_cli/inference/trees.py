@@ -26,6 +26,12 @@ The result is always a tree EVALB reads, rooted at ``TOP``, whose words are the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from nmt_cli.data.dataset import EOS
 from nmt_cli.data.treebank import NORMALISED_TAG, PUNCTUATION_TAGS, ROOT, Tree, to_string
 
 # Words the treebank tags with one of the punctuation tags EVALB deletes, always the same one.
@@ -127,3 +133,126 @@ def _prune(tree: Tree) -> bool:
     pruned |= len(kept) != len(tree.children)
     tree.children = kept
     return pruned
+
+
+# -- searching only well-formed trees -------------------------------------------------------------
+
+_OTHER, _OPEN, _CLOSE, _WORD = 0, 1, 2, 3
+
+
+class TreeSymbols:
+    """The output symbols of a parsing model's dictionary by kind: opening (``▁(NP``), closing
+    (``▁)NP``) and word tokens (any other whole symbol, ``▁XX`` or a tag), each opening token's
+    closing token (-1: the dictionary has none), and the word token of each punctuation tag. Pieces
+    that do not start a word (continuations of a longer symbol) and the specials are none of these."""
+
+    def __init__(self, symbols: list[str]) -> None:
+        kinds, labels = [], []
+        for symbol in symbols:
+            text = symbol[1:] if symbol.startswith("\N{LOWER ONE EIGHTH BLOCK}") else ""
+            bracket, label = text[:1], text[1:]
+            if bracket in "()" and label and "(" not in label and ")" not in label:
+                kinds.append(_OPEN if bracket == "(" else _CLOSE)
+            else:
+                kinds.append(_WORD if text and "(" not in text and ")" not in text else _OTHER)
+            labels.append(label if kinds[-1] != _WORD else text)
+        pairs = list(zip(kinds, labels, strict=True))
+        closing = {label: i for i, (kind, label) in enumerate(pairs) if kind == _CLOSE}
+        self.kind = torch.tensor(kinds, dtype=torch.int8)
+        self.close_of = torch.tensor([closing.get(label, -1) if kind == _OPEN else -1
+                                      for kind, label in pairs])
+        self.tag = {label: i for i, (kind, label) in enumerate(pairs)
+                    if kind == _WORD and label in PUNCTUATION_TAGS}
+        self.punctuation = torch.zeros(len(symbols), dtype=torch.bool)
+        self.punctuation[list(self.tag.values())] = True
+
+    @property
+    def usable(self) -> bool:
+        """Whether the dictionary is a parsing model's: it has opening, closing and word tokens."""
+        return all(bool((self.kind == kind).any()) for kind in (_OPEN, _CLOSE, _WORD))
+
+    def word_tokens(self, words: list[str]) -> list[int]:
+        """The word token each of `words` must have (as `_tag_of` reads them): its punctuation tag's for
+        a mark the treebank always tags one way; for ``'`` (a quote or a possessive) ``''`` or a token
+        that is no punctuation tag (`_QUOTE`); for any other word a token that is no punctuation tag
+        (`_NOT_PUNCTUATION`: EVALB would delete the word); `_ANY_WORD` where the dictionary lacks the tag."""
+        tokens = []
+        for word in words:
+            tag = _PUNCTUATION.get(word)
+            if word == "'":
+                tokens.append(_QUOTE if "''" in self.tag else _NOT_PUNCTUATION)
+            elif tag is None:
+                tokens.append(_NOT_PUNCTUATION)
+            else:
+                tokens.append(self.tag.get(tag, _ANY_WORD))
+        return tokens
+
+
+_ANY_WORD, _NOT_PUNCTUATION, _QUOTE = -1, -2, -3
+MAX_OPENING_RUN = 8  # opening tokens in a row (the treebank's longest unary chains are shorter)
+
+
+class TreeConstraint:
+    """The next tokens that keep each hypothesis a well-formed linearised tree over its sentence's
+    words (`search.beam_search`'s `constraint`): one root constituent, opened first; a word token
+    inside it for each input word, no more, and for a punctuation mark its tag's token (for any other
+    word a token that is not a punctuation tag; `TreeSymbols.word_tokens`); a constituent opened only
+    while words are left to fill it and closed by its own label's token, only once it holds a word
+    (the root only once every word is in), and only so long as the words left and the closing tokens
+    still fit in the output's maximum length (and at most `MAX_OPENING_RUN` in a row); EOS only after
+    the root is closed. The search renormalises the model's probabilities over these tokens."""
+
+    def __init__(self, symbols: TreeSymbols, sentences: Sequence[Sequence[str]]) -> None:
+        self.symbols = symbols
+        self.lengths = torch.tensor([len(words) for words in sentences])
+        longest = max(self.lengths.tolist(), default=0)
+        self.expected = torch.full((len(sentences), longest + 1), _ANY_WORD)  # each position's word token
+        for row, words in enumerate(sentences):
+            self.expected[row, : len(words)] = torch.tensor(symbols.word_tokens(list(words)))
+        self._sentences = list(sentences)
+
+    def select(self, sentences: Sequence[int]) -> TreeConstraint:
+        return TreeConstraint(self.symbols, [self._sentences[i] for i in sentences])
+
+    def allowed(self, history: Tensor, sentence: Tensor, room: Tensor) -> Tensor:
+        """history (N, t): each row's tokens so far; sentence (N,): each row's sentence; room (N,): the
+        tokens each row may still produce after this one before EOS is forced -> (N, V) bool."""
+        N, t = history.shape
+        device = history.device
+        kind_table, close_of = self.symbols.kind.to(device), self.symbols.close_of.to(device)
+        if t == 0:  # the root first
+            ok = (kind_table == _OPEN)[None, :].repeat(N, 1)
+            ok[:, EOS] = ~ok.any(1)
+            return ok
+        kind = kind_table[history]
+        opens, closes = kind == _OPEN, kind == _CLOSE
+        depth_after = (opens.int() - closes.int()).cumsum(1)  # (N, t)
+        depth = depth_after[:, -1]
+        placed = (kind == _WORD).sum(1)
+        left = self.lengths.to(device)[sentence] - placed  # words still to place
+        more = left > 0
+        # The innermost open constituent: the last opening token at the depth the row is at.
+        innermost = opens & (depth_after == depth[:, None])
+        position = (innermost * torch.arange(1, t + 1, device=device)).argmax(1, keepdim=True)
+        closing = close_of[history.gather(1, position)[:, 0]]
+        can_close = (depth > 0) & ~opens[:, -1] & ((depth > 1) | ~more)
+        inside = more & (depth > 0)
+        last_other = (~opens * torch.arange(t, device=device)).amax(1)
+        run = torch.where((~opens).any(1), t - 1 - last_other, t)  # opening tokens in a row at the end
+        may_open = inside & (left + depth + 1 <= room) & (run < MAX_OPENING_RUN)
+        ok = (kind_table == _OPEN)[None, :] & may_open[:, None]
+        expected = self.expected.to(device)[sentence, placed.clamp(max=self.expected.shape[1] - 1)]
+        words = (kind_table == _WORD)[None, :] & (inside & (expected < 0))[:, None]
+        words &= ~(self.symbols.punctuation.to(device)[None, :] & (expected <= _NOT_PUNCTUATION)[:, None])
+        ok |= words
+        exact = inside & (expected >= 0)
+        ok[exact.nonzero()[:, 0], expected[exact]] = True
+        quote = inside & (expected == _QUOTE)
+        ok[quote, self.symbols.tag.get("''", EOS)] = True
+        matched = can_close & (closing >= 0)
+        ok[matched.nonzero()[:, 0], closing[matched]] = True
+        # a label without its own closing token in the dictionary: any closing token
+        ok |= (kind_table == _CLOSE)[None, :] & (can_close & (closing < 0))[:, None]
+        ok[:, EOS] = depth == 0
+        ok[:, EOS] |= ~ok.any(1)  # never a row with nothing to choose
+        return ok
