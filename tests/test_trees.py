@@ -168,9 +168,8 @@ def test_the_constraint_admits_every_tree_of_the_sample(ptb_sample: Path, pos_ta
         words = tree.words()
         marks = [(_tag_of(word, leaf.label), leaf.label) for word, leaf in zip(words, tree.preterminals(),
                                                                                  strict=True)]
-        own_punctuation = all(tag == label or label not in treebank.PUNCTUATION_TAGS and tag == label
-                              for tag, label in marks)
-        ok = all(allows(TreeConstraint(tree_table, [words]), [index[PIECE + token] for token in tokens]))
+        own_punctuation = all(tag == label for tag, label in marks)
+        ok = all(allows(TreeConstraint.of(tree_table, [words]), [index[PIECE + token] for token in tokens]))
         assert ok or not own_punctuation, " ".join(tokens)
         refused += not ok
     assert refused <= len(trees) // 100
@@ -188,9 +187,10 @@ def test_a_constrained_search_writes_only_well_formed_trees(seed: int) -> None:
     marks = ["a", "b", ",", ".", "--", "'"]
     sentences = [[g.choice(marks) for _ in range(g.randint(1, 9))] for _ in range(12)]
     sources = [[4 + g.randrange(len(symbols) - 4) for _ in words] + [EOS] for words in sentences]
+    constraint = TreeConstraint.of(TreeSymbols(symbols), sentences)
     for max_len_b in (20, 3):
         found = beam_search(model, padded(sources), beam=3, nbest=1, lenpen=0.6, max_len_a=1.0,
-                            max_len_b=max_len_b, constraint=TreeConstraint(TreeSymbols(symbols), sentences))
+                            max_len_b=max_len_b, constraint=constraint)
         for words, hyps in zip(sentences, found, strict=True):
             output = " ".join(symbols[i][1:] for i in hyps[0].tokens)
             tree, repairs = rebuild(output, words)

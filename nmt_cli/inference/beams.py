@@ -97,7 +97,7 @@ def best_tokens(logits: Tensor, k: int, normalized: bool = False) -> NextTokens:
     eos = logits[:, EOS].to(torch.float32, copy=True)
     logits[:, [PAD, BOS]] = specials
     most = torch.maximum(top[:, :1].float(), specials.float().amax(-1, keepdim=True))  # each row's maximum
-    lse = _logsumexp_(logits.float() if logits.dtype != torch.float32 else logits, most)
+    lse = _logsumexp_(logits.float(), most)  # in place for float32 logits (`float` returns them)
     return NextTokens(top.float() - lse[:, None], tokens, eos - lse)
 
 

@@ -172,7 +172,7 @@ class Translator:
                 where.append(i)
         constraint = None
         if self.tree_symbols is not None:
-            constraint = TreeConstraint(self.tree_symbols, [lines[i].split() for i in where])
+            constraint = TreeConstraint.of(self.tree_symbols, [lines[i].split() for i in where])
         try:
             found = (self.search(sources, on_batch) if self.search is not None
                      else translate_ids(self.model, sources, self.cfg, on_batch, self.workers,

@@ -202,17 +202,23 @@ class TreeConstraint:
     still fit in the output's maximum length (and at most `MAX_OPENING_RUN` in a row); EOS only after
     the root is closed. The search renormalises the model's probabilities over these tokens."""
 
-    def __init__(self, symbols: TreeSymbols, sentences: Sequence[Sequence[str]]) -> None:
+    def __init__(self, symbols: TreeSymbols, lengths: Tensor, expected: Tensor) -> None:
         self.symbols = symbols
-        self.lengths = torch.tensor([len(words) for words in sentences])
-        longest = max(self.lengths.tolist(), default=0)
-        self.expected = torch.full((len(sentences), longest + 1), _ANY_WORD)  # each position's word token
+        self.lengths = lengths  # (B,): each sentence's words
+        self.expected = expected  # (B, longest + 1): the word token of each position (`word_tokens`)
+
+    @classmethod
+    def of(cls, symbols: TreeSymbols, sentences: Sequence[Sequence[str]]) -> TreeConstraint:
+        """The constraint of sentences given as their words."""
+        lengths = torch.tensor([len(words) for words in sentences])
+        expected = torch.full((len(sentences), max(lengths.tolist(), default=0) + 1), _ANY_WORD)
         for row, words in enumerate(sentences):
-            self.expected[row, : len(words)] = torch.tensor(symbols.word_tokens(list(words)))
-        self._sentences = list(sentences)
+            expected[row, : len(words)] = torch.tensor(symbols.word_tokens(list(words)))
+        return cls(symbols, lengths, expected)
 
     def select(self, sentences: Sequence[int]) -> TreeConstraint:
-        return TreeConstraint(self.symbols, [self._sentences[i] for i in sentences])
+        rows = torch.as_tensor(sentences, dtype=torch.long)
+        return TreeConstraint(self.symbols, self.lengths[rows], self.expected[rows])
 
     def allowed(self, history: Tensor, sentence: Tensor, room: Tensor) -> Tensor:
         """history (N, t): each row's tokens so far; sentence (N,): each row's sentence; room (N,): the
@@ -247,8 +253,8 @@ class TreeConstraint:
         ok |= words
         exact = inside & (expected >= 0)
         ok[exact.nonzero()[:, 0], expected[exact]] = True
-        quote = inside & (expected == _QUOTE)
-        ok[quote, self.symbols.tag.get("''", EOS)] = True
+        if "''" in self.symbols.tag:  # else no word expects _QUOTE
+            ok[inside & (expected == _QUOTE), self.symbols.tag["''"]] = True
         matched = can_close & (closing >= 0)
         ok[matched.nonzero()[:, 0], closing[matched]] = True
         # a label without its own closing token in the dictionary: any closing token
