@@ -84,6 +84,29 @@ def train_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("train") / "bin", train=150, valid=30, long_examples=2)
 
 
+def tiny_trainer(train_data: Path, save_dir: Path, **changes: object):
+    """A `train.Trainer` of a 2-layer, 32-wide model on `train_data`, in this process (fp32, no log
+    output); `changes` replace fields of its TrainConfig."""
+    import dataclasses
+
+    import torch
+
+    from nmt_cli.config.model import ModelConfig
+    from nmt_cli.config.train import BatchConfig, GuardConfig, OptimConfig, train_base
+    from nmt_cli.training import corpus, distributed, train
+    from nmt_cli.training.trainlog import TrainLog
+
+    cfg = dataclasses.replace(train_base("transformer_tiny"), data=train_data, save_dir=save_dir,
+                              precision="fp32", batch=BatchConfig(max_tokens=256),
+                              guard=GuardConfig(max_oom_fraction=1.0),
+                              optim=OptimConfig(lr_schedule="inverse_sqrt", lr=1e-3, warmup_updates=0),
+                              model=ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64,
+                                                heads=2, dropout=0.0))
+    cfg = dataclasses.replace(cfg, **changes)
+    return train.Trainer(cfg, distributed.Context(0, 1, 0, torch.device("cpu")), corpus.load(cfg),
+                         TrainLog(save_dir, enabled=False))
+
+
 def train_records(save_dir: Path, kind: str = "train") -> list[dict]:
     """The records of one kind in SAVE_DIR/train.jsonl."""
     import json

@@ -14,16 +14,15 @@ import pytest
 import torch
 
 import fault_hooks
-from conftest import TINY_TRAIN, assert_user_error, nmt, train_records
+from conftest import TINY_TRAIN, assert_user_error, nmt, tiny_trainer, train_records
 from nmt_cli.config.model import ModelConfig
-from nmt_cli.config.train import BatchConfig, GuardConfig, OptimConfig, TrainConfig, train_base
+from nmt_cli.config.train import BatchConfig, GuardConfig, TrainConfig, train_base
 from nmt_cli.data.dataset import IndexedDataset
 from nmt_cli.errors import NmtError
 from nmt_cli.model import file as model_file
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.training import corpus, distributed, guard, train
+from nmt_cli.training import guard, train
 from nmt_cli.training.counters import Counters
-from nmt_cli.training.trainlog import TrainLog
 
 TWO_RANKS = [*TINY_TRAIN, "--nproc", "2", "--set", "batch.micro_batches_per_update=1"]
 
@@ -211,17 +210,6 @@ def test_out_of_memory_micro_batches_are_skipped_and_the_rest_trained(train_data
     assert (tmp_path / "run" / "checkpoint_6.pt").exists()  # saved after the ranks compared their weights
 
 
-def _trainer(train_data: Path, tmp_path: Path) -> train.Trainer:
-    cfg = dataclasses.replace(train_base("transformer_tiny"), data=train_data, save_dir=tmp_path,
-                              precision="fp32", batch=BatchConfig(max_tokens=256),
-                              guard=GuardConfig(max_oom_fraction=1.0),
-                              optim=OptimConfig(lr_schedule="inverse_sqrt", lr=1e-3, warmup_updates=0),
-                              model=ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64,
-                                                heads=2, dropout=0.0))
-    return train.Trainer(cfg, distributed.Context(0, 1, 0, torch.device("cpu")), corpus.load(cfg),
-                         TrainLog(tmp_path, enabled=False))
-
-
 @pytest.mark.parametrize(("fault", "kept"), [("oom@1.2", [0, 2]), ("oom-backward@1.2", [2])])
 def test_a_dropped_micro_batch_leaves_nothing_in_the_update(train_data: Path, tmp_path: Path, fault: str,
                                                             kept: list[int],
@@ -232,7 +220,7 @@ def test_a_dropped_micro_batch_leaves_nothing_in_the_update(train_data: Path, tm
     leaks in, and it is the mean over the tokens trained. With all three it differs (the control)."""
     def gradient(batches: list[int], faults: str) -> dict[str, torch.Tensor]:
         monkeypatch.setenv("NMT_TEST_FAULTS", faults)
-        trainer, stepped = _trainer(train_data, tmp_path), {}
+        trainer, stepped = tiny_trainer(train_data, tmp_path), {}
         step = trainer.step.scaler.step
 
         def keep_and_step(optimizer: torch.optim.Optimizer) -> None:

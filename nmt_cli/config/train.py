@@ -89,7 +89,10 @@ class ValidConfig:
 
 @dataclass
 class LogConfig:
-    interval: int = opt(100, "updates between log lines", at_least=0)
+    interval: int = opt(100, "updates between log lines; also how often (at most) the host waits for the "
+                        "device to read the statistics, so the clock's saves and time limit act at the "
+                        "next line",
+                        at_least=0)
     tensorboard_dir: Path | None = opt(None, "also log to TensorBoard here (needs the tensorboard extra)",
                                        flag="--tensorboard-dir")
 

@@ -263,7 +263,9 @@ def filter_by_size(src_sizes: np.ndarray, tgt_sizes: np.ndarray, max_positions: 
 
 def collate(src: IndexedDataset, tgt: IndexedDataset, ids: np.ndarray) -> dict[str, np.ndarray]:
     """Arrays of one batch, right-padded with PAD: ``src`` (B, S) = sentence + EOS; ``prev`` (B, T) =
-    BOS + target, what the decoder reads; ``target`` (B, T) = target + EOS, what it must predict."""
+    BOS + target, what the decoder reads; ``target`` (B, T) = target + EOS, what it must predict;
+    ``keep`` (N,) the flat positions in (B * T) of its N real target tokens (found here, so that the
+    device never has to count them)."""
     src_rows = [src[i] for i in ids]
     tgt_rows = [tgt[i] for i in ids]
     S = max(len(r) for r in src_rows) + 1
@@ -274,5 +276,6 @@ def collate(src: IndexedDataset, tgt: IndexedDataset, ids: np.ndarray) -> dict[s
         out["src"][b, : len(s)], out["src"][b, len(s)] = s, EOS
         out["prev"][b, 0], out["prev"][b, 1 : len(t) + 1] = BOS, t
         out["target"][b, : len(t)], out["target"][b, len(t)] = t, EOS
+    out["keep"] = np.flatnonzero(out["target"].reshape(-1) != PAD)
     out["ids"] = np.asarray(ids, np.int64)
     return out

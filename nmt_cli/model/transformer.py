@@ -312,10 +312,11 @@ class Transformer(nn.Module):
         return F.linear(hidden, weight[: self.output_vocab])
 
     def forward(self, src: Tensor, prev: Tensor, keep: Tensor | None = None) -> Tensor:
-        """Teacher-forced logits (B, T, V), or (N, V) for the N positions where `keep` (B, T) is True:
-        the trainer keeps the real target positions, so padding never reaches the output projection."""
+        """Teacher-forced logits (B, T, V), or (N, V) for the N flat positions of (B * T) in `keep`
+        (N,): the trainer keeps the real target positions, so padding never reaches the output
+        projection. Indices, not a mask: selecting by a mask makes the device count it for the host."""
         hidden = self.decode(prev, self.encode(src))  # (B, T, D)
-        return self.logits(hidden if keep is None else hidden[keep])
+        return self.logits(hidden if keep is None else hidden.flatten(0, 1).index_select(0, keep))
 
     # -- incremental decoding, one target position per call ---------------------------------------
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from nmt_cli.config.core import flatten, to_dict
@@ -207,6 +207,13 @@ def all_reduce_sum(values: list[float], ctx: Context) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
     dist.all_reduce(t)
     return t.tolist()
+
+
+def all_reduce_(t: Tensor, ctx: Context) -> Tensor:
+    """Sum `t` over all workers in place, on the device: the host does not wait for it."""
+    if ctx.distributed:
+        dist.all_reduce(t)
+    return t
 
 
 def all_gather(obj: Any, ctx: Context) -> list[Any]:

@@ -6,10 +6,13 @@ Non-finite values. Each rank flags a non-finite loss sum and a non-finite gradie
 the gradient all-reduce). The flags travel in the one all-reduce each update already makes, before
 the optimiser step, so every rank takes the same decision even when only one saw the NaN (a loss is
 local to its rank). A flagged update is skipped: no optimiser step, its batches are spent, the
-update number stays. More than `guard.max_bad_updates` in a row stop the run with a message that names the
-update, the first parameter or gradient in module order holding a non-finite value (searched on
-every rank), and the last checkpoint. With fp16 a skipped update also shrinks the loss scale on
-every rank (GradScaler's backoff), and a scale below `guard.min_loss_scale` stops the run.
+update number stays. The device takes that decision (fused Adam's `found_inf`); the host learns it
+at its next sync point, a log line at the latest (`train.Trainer._settle`), and takes each update in
+turn as it happened. More than `guard.max_bad_updates` in a row stop the run with a message that names
+the update, the first parameter or gradient in module order holding a non-finite value (searched on
+every rank; gradients by the norms the step kept of them), and the last checkpoint. With fp16 a
+skipped update also shrinks the loss scale on every rank (GradScaler's backoff), and a scale below
+`guard.min_loss_scale` stops the run; the host reads each fp16 update at once, as the scale is its.
 
 Out of memory. Only the update's last micro-batch runs the backward pass that all-reduces the
 gradients (DDP); the others accumulate locally. A micro-batch whose forward or (local) backward runs
@@ -147,9 +150,12 @@ def check_nonfinite(cfg: TrainConfig, c: Counters, health: Health, scale: float 
                        f"(or raise warmup_updates) and rerun to resume; {last_checkpoint(cfg, saved_update)}")
 
 
-def locate_nonfinite(model: nn.Module, ctx: distributed.Context) -> str:
-    """Where the first non-finite value is, searched on every rank (a collective: all ranks call it)."""
-    found = distributed.all_gather(first_nonfinite(model), ctx)
+def locate_nonfinite(model: nn.Module, ctx: distributed.Context,
+                     bad_gradients: set[str] | None = None) -> str:
+    """Where the first non-finite value is, searched on every rank (a collective: all ranks call it).
+    `bad_gradients`: the parameters whose gradients were not finite (`Step.nonfinite_gradients`),
+    when the gradients of that update are gone."""
+    found = distributed.all_gather(first_nonfinite(model, bad_gradients), ctx)
     for rank, where in enumerate(found):
         if where is not None:
             return f"the first non-finite values in module order are in {where}" + (
@@ -157,12 +163,16 @@ def locate_nonfinite(model: nn.Module, ctx: distributed.Context) -> str:
     return "no parameter or gradient holds a non-finite value: the loss itself was (look at the data)"
 
 
-def first_nonfinite(model: nn.Module) -> str | None:
-    """The first parameter or gradient, in module order, that holds a NaN or an infinity, named."""
+def first_nonfinite(model: nn.Module, bad_gradients: set[str] | None = None) -> str | None:
+    """The first parameter or gradient, in module order, that holds a NaN or an infinity, named;
+    the gradients are the model's own unless `bad_gradients` names those that were."""
     for name, p in model.named_parameters():
         if not bool(torch.isfinite(p).all()):
             return f"{name} (its value)"
-        if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+        if bad_gradients is not None:
+            if name in bad_gradients:
+                return f"{name} (its gradient)"
+        elif p.grad is not None and not bool(torch.isfinite(p.grad).all()):
             return f"{name} (its gradient)"
     return None
 

@@ -32,15 +32,15 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float,
     The nll carries no gradient: it is for the log.
     """
     logits, target = logits.reshape(-1, logits.shape[-1]), target.reshape(-1)
-    real = target != pad
-    if not bool(real.all()):  # the trainer passes real rows only; this keeps the function total
-        logits, target = logits[real], target[real]
-    loss, nll = _SmoothedCrossEntropy.apply(logits, target, epsilon)
+    # padding weighs 0 (a mask that selected the real rows would make the host wait for the device)
+    real = (target != pad).to(torch.float32)
+    loss, nll = _SmoothedCrossEntropy.apply(logits, target, real, epsilon)
     return loss, nll
 
 
 class _SmoothedCrossEntropy(torch.autograd.Function):
-    """Sums of the smoothed loss and of the nll of logits (N, V) against target (N,).
+    """Sums of the smoothed loss and of the nll of logits (N, V) against target (N,), each row
+    weighted by `real` (N,): 1 for a real token, 0 for padding.
 
     On a CPU the rows go through in chunks of about 4 MB of float32, so each chunk's temporaries
     stay in cache (against whole-tensor passes: benchmarks/model_kernels.py). bf16 logits are read
@@ -48,32 +48,34 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    def forward(ctx, logits: Tensor, target: Tensor, real: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
         nll = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)  # (N,) -log p(y)
         uniform = torch.empty_like(nll)  # (N,) -mean_v log p(v)
         for rows in _chunks(logits):
             lprobs = torch.log_softmax(logits[rows], dim=-1, dtype=torch.float32)  # (n, V)
             nll[rows] = -lprobs.gather(1, target[rows, None]).squeeze(1)
             uniform[rows] = -lprobs.mean(dim=-1)
-        ctx.save_for_backward(logits, target)
+        ctx.save_for_backward(logits, target, real)
         ctx.epsilon = epsilon
-        loss = (1.0 - epsilon) * nll + epsilon * uniform
+        nll.mul_(real)
+        loss = ((1.0 - epsilon) * nll + epsilon * (uniform * real)).sum()
         nll = nll.sum()
         ctx.mark_non_differentiable(nll)
-        return loss.sum(), nll
+        return loss, nll
 
     @staticmethod
-    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor) -> tuple[Tensor, None, None]:
-        logits, target = ctx.saved_tensors
+    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor) -> tuple[Tensor, None, None, None]:
+        logits, target, real = ctx.saved_tensors
         eps, V = ctx.epsilon, logits.shape[-1]
         grad = torch.empty_like(logits)
+        weight = real * grad_loss  # (N,)
         for rows in _chunks(logits):
             p = torch.softmax(logits[rows], dim=-1, dtype=torch.float32)  # (n, V)
             p.sub_(eps / V)  # minus q: eps / V everywhere ...
             p.scatter_add_(1, target[rows, None],
                            torch.full_like(p[:, :1], eps - 1.0))  # ... 1 - eps more at y
-            grad[rows] = p.mul_(grad_loss)
-        return grad, None, None
+            grad[rows] = p.mul_(weight[rows, None])
+        return grad, None, None, None
 
 
 def _chunks(logits: Tensor) -> list[slice]:

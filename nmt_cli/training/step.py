@@ -11,8 +11,8 @@ schedule (optim.py).
 from __future__ import annotations
 
 import contextlib
-import math
 import resource
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -31,26 +31,63 @@ from nmt_cli.training.loss import label_smoothed_nll
 
 def micro_batch_loss(model: torch.nn.Module, batch: dict[str, Tensor],
                      epsilon: float) -> tuple[Tensor, Tensor]:
-    """(label-smoothed loss, nll) of one micro-batch, summed over its real target tokens."""
-    keep = batch["target"] != PAD  # (B, T)
+    """(label-smoothed loss, nll) of one micro-batch, summed over its real target tokens (`keep`, as
+    `collate` finds them; from the padding where a batch lacks it)."""
+    target = batch["target"].reshape(-1)
+    keep = batch.get("keep")
+    if keep is None:
+        keep = (target != PAD).nonzero().squeeze(1)
     logits = model(batch["src"], batch["prev"], keep)  # (N, V), only real target positions
     # A model with separate dictionaries scores only the target's (`output_vocab`): a source-only symbol in
     # a reference is an unknown target word to it, as to fairseq.
-    target = batch["target"][keep]
+    target = target.index_select(0, keep)
     target = target.masked_fill(target >= logits.shape[-1], UNK)
     return label_smoothed_nll(logits, target, epsilon)
 
 
 class Outcome(NamedTuple):
-    """One update as every rank saw it (after the all-reduce), and what this rank trained."""
+    """One update as every rank saw it, still on the device: the trainer reads it at its next sync
+    point (train.py `Trainer._settle`), so that the host never waits for the device in between."""
 
-    applied: bool  # the optimiser stepped
-    totals: list[float]  # [0:5] loss, nll, target and source tokens, sentences; [5:8] the ranks'
-    # flags (guard.Health); [8:] the caller's flags, summed over ranks
-    health: guard.Health
-    norm: float  # the gradient norm, before clipping
+    totals: Tensor  # float64: [0:5] loss, nll, target and source tokens, sentences trained; [5:8] ranks
+    # with a non-finite loss, ranks with non-finite gradients, micro-batches dropped for lack of memory;
+    # [8:] the caller's flags; each summed over ranks
+    norm: Tensor  # the gradient norm over the tokens trained, before clipping
     lr: float
     trained: list[np.ndarray]  # the example ids of this rank's micro-batches that were trained
+
+
+def applied(totals: list[float]) -> bool:
+    """Whether the optimiser stepped in the update of `totals` (read from an `Outcome`): no rank saw
+    a non-finite value and some tokens were trained. The device decided the same (`Step.run`)."""
+    return totals[5] == 0 and totals[6] == 0 and totals[2] > 0
+
+
+class Batches:
+    """A split's micro-batches as tensors on the device. The next one is collated on a background
+    thread (into pinned memory for a GPU, whose copy then overlaps the computation) while this one
+    trains."""
+
+    def __init__(self, split: corpus.Split, device: torch.device) -> None:
+        self.split, self.device, self.pin = split, device, device.type == "cuda"
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="nmt-batches")
+        self.ahead: tuple[np.ndarray, Future] | None = None
+
+    def prefetch(self, ids: np.ndarray | None) -> None:
+        if ids is not None and (self.ahead is None or self.ahead[0] is not ids):
+            self.ahead = (ids, self.pool.submit(self._host, ids))
+
+    def get(self, ids: np.ndarray) -> dict[str, Tensor]:
+        if self.ahead is not None and self.ahead[0] is ids:
+            host, self.ahead = self.ahead[1].result(), None
+        else:
+            host = self._host(ids)
+        return {k: t.to(self.device, non_blocking=True) for k, t in host.items()}
+
+    def _host(self, ids: np.ndarray) -> dict[str, Tensor]:
+        arrays = collate(self.split.src, self.split.tgt, ids)
+        tensors = {k: torch.from_numpy(v) for k, v in arrays.items() if k != "ids"}
+        return {k: t.pin_memory() for k, t in tensors.items()} if self.pin else tensors
 
 
 class Step:
@@ -68,6 +105,9 @@ class Step:
         self.micro_batches = data.plan.micro_batches  # planned for ctx.world_size ranks (corpus.load)
         # a rank's zero-weight part in the gradient all-reduce
         self.spare = corpus.shortest_example(data.train)
+        self.batches = Batches(data.train, ctx.device)
+        # each parameter's gradient norm in the last update whose gradients were not finite here
+        self.bad_norms: tuple[list[str], Tensor] | None = None
 
     def autocast(self) -> Any:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
@@ -75,54 +115,82 @@ class Step:
             return contextlib.nullcontext()
         return torch.autocast(self.ctx.device.type, dtype=dtype)
 
-    def batch(self, ids: np.ndarray) -> dict[str, Tensor]:
-        arrays = collate(self.train.src, self.train.tgt, ids)
-        return {k: torch.from_numpy(v).to(self.ctx.device, non_blocking=True)
-                for k, v in arrays.items() if k != "ids"}
-
     def run(self, micro: list[np.ndarray | None], update_tgt_tokens: int, attempt: int, number: int,
-            flags: list[float]) -> Outcome:
+            flags: list[float], upcoming: np.ndarray | None = None) -> Outcome:
         """Forward/backward of this rank's micro-batches of update `number` (try `attempt`), then one
         optimiser step unless some rank saw a non-finite value or nothing could be trained. `flags`
-        travel in the same all-reduce (the trainer's save and stop decisions). The gradients stay
-        until `zero_grad`, for `guard.locate_nonfinite`."""
+        travel in the same all-reduce (the trainer's save and stop decisions); `upcoming` is the
+        next update's first micro-batch, collated meanwhile. The device takes every decision (fused
+        Adam skips the step on its `found_inf` flag): nothing here waits for it, except under fp16,
+        whose loss scale follows what the host decides."""
         cfg, ctx = self.cfg, self.ctx
-        sums, dropped, trained = self.forward_backward(micro, update_tgt_tokens, attempt)
+        sums, sentences, dropped, trained = self.forward_backward(micro, update_tgt_tokens, attempt, upcoming)
         hooks.at("gradients_reduced", attempt=attempt, rank=ctx.rank, model=self.model)
         self.scaler.unscale_(self.optimizer)
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
-        finite_here = math.isfinite(float(norm))
-        mine = [float(not math.isfinite(sums[0])), float(not finite_here), float(dropped)]
-        totals = distributed.all_reduce_sum([*sums, *mine, *flags], ctx)  # every rank decides alike
-        health, trained_tgt = guard.Health(*map(int, totals[5:8]), ctx.world_size), totals[2]
-        applied = health.finite and trained_tgt > 0
+        named = [(n, p.grad) for n, p in self.model.named_parameters() if p.grad is not None]
+        grads = [g for _, g in named]
+        norms = torch.stack(torch._foreach_norm(grads)) if grads else torch.zeros(0, device=ctx.device)
+        norm = torch.linalg.vector_norm(norms)  # as torch.nn.utils.get_total_norm
+        finite_here = torch.isfinite(norm)
+        self._remember_nonfinite([n for n, _ in named], norms, finite_here)
+        totals = torch.zeros(8 + len(flags), dtype=torch.float64, device=ctx.device)
+        totals[:4] = sums
+        totals[5] = ~torch.isfinite(sums[0])
+        totals[6] = ~finite_here
+        for i, value in ((4, sentences), (7, dropped), *enumerate(flags, start=8)):
+            totals[i].fill_(value)  # a number into a kernel argument, not a copy from the host
+        distributed.all_reduce_(totals, ctx)  # every rank decides alike
+        skip = (totals[5] > 0) | (totals[6] > 0) | (totals[2] == 0)  # as `applied`
+        # Micro-batches were dropped when fewer tokens were trained than planned: the mean over those
+        # trained. Then clipping; one multiplication for both (share 1 leaves it bitwise as before).
+        share = (update_tgt_tokens / totals[2].clamp(min=1)).float()
+        norm = norm * share
+        if cfg.optim.clip_norm > 0:
+            share = share * (cfg.optim.clip_norm / (norm + 1e-6)).clamp(max=1.0)
+        if grads:  # none when every micro-batch ran out of memory
+            torch._foreach_mul_(grads, share)
         lr = optim_lib.learning_rate(cfg.optim, cfg.model.d_model, number)
-        if applied:
-            if trained_tgt < update_tgt_tokens:  # micro-batches were dropped: the mean over what was trained
-                for p in params:
-                    p.grad.mul_(update_tgt_tokens / trained_tgt)
-                norm = norm * (update_tgt_tokens / trained_tgt)
-            if cfg.optim.clip_norm > 0:
-                torch.nn.utils.clip_grads_with_norm_(params, cfg.optim.clip_norm, norm)
-            optim_lib.set_learning_rate(self.optimizer, lr)
-            self.scaler.step(self.optimizer)
-        guard.update_loss_scale(self.scaler, health.finite, finite_here)
-        return Outcome(applied, totals, health, float(norm), lr, trained)
+        optim_lib.set_learning_rate(self.optimizer, lr)
+        if self.scaler.is_enabled():  # fp16: GradScaler steps and scales by what the host reads now
+            if not bool(skip):
+                self.scaler.step(self.optimizer)
+            guard.update_loss_scale(self.scaler, bool((totals[5] == 0) & (totals[6] == 0)), bool(finite_here))
+        else:
+            self.optimizer.found_inf = skip.float()  # 1.0: fused Adam leaves everything as it was
+            self.scaler.step(self.optimizer)  # (disabled: the optimiser's own step)
+            del self.optimizer.found_inf
+        return Outcome(totals, norm, lr, trained)
+
+    def _remember_nonfinite(self, names: list[str], norms: Tensor, finite_here: Tensor) -> None:
+        """Keep each parameter's gradient norm of the last update whose gradients were not finite on
+        this rank, on the device: `nonfinite_gradients` names them when the run stops for it, after
+        the gradients themselves are gone."""
+        if self.bad_norms is None or self.bad_norms[0] != names:
+            self.bad_norms = (names, torch.where(finite_here, torch.zeros_like(norms), norms))
+        else:
+            self.bad_norms = (names, torch.where(finite_here, self.bad_norms[1], norms))
+
+    def nonfinite_gradients(self) -> set[str]:
+        """The parameters whose gradient held a NaN or an infinity in the last update where any did."""
+        if self.bad_norms is None:
+            return set()
+        names, norms = self.bad_norms
+        return {n for n, finite in zip(names, torch.isfinite(norms).tolist(), strict=True) if not finite}
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
-    def forward_backward(self, micro: list[np.ndarray | None], update_tgt_tokens: int,
-                         attempt: int) -> tuple[list[float], int, list[np.ndarray]]:
+    def forward_backward(self, micro: list[np.ndarray | None], update_tgt_tokens: int, attempt: int,
+                         upcoming: np.ndarray | None = None) -> tuple[Tensor, int, int, list[np.ndarray]]:
         """This rank's micro-batches of one update, forward and backward. Returns the sums (loss, nll,
-        target and source tokens, sentences) of those trained, how many were dropped for lack of
-        memory, and the ids of those trained."""
+        target and source tokens; float64 on the device) and the sentences of those trained, how many
+        were dropped for lack of memory, and the ids of those trained."""
         ctx = self.ctx
-        sums = torch.zeros(5, dtype=torch.float64, device=ctx.device)
-        dropped, trained = 0, []
+        sums = torch.zeros(4, dtype=torch.float64, device=ctx.device)
+        sentences, dropped, trained = 0, 0, []
         for i, ids in enumerate(micro):
             sync, at = i == len(micro) - 1, (attempt, i + 1)
+            self.batches.prefetch(upcoming if sync else micro[i + 1])
             # dividing by the update's target tokens (all ranks) times W undoes DDP's mean over ranks
             weight = 0.0 if ids is None else ctx.world_size / update_tgt_tokens
             with distributed.gradient_sync(self.ddp, sync):
@@ -137,20 +205,21 @@ class Step:
                     raise guard.out_of_memory_in_sync(self.cfg, ctx.rank)
                 if not self._backward(out[0] * weight, sync, at):
                     # the gradients hold a part of it: start afresh
-                    dropped, trained = dropped + len(trained) + 1, []
+                    dropped, trained, sentences = dropped + len(trained) + 1, [], 0
                     sums.zero_()
                     self.zero_grad()
                     continue
             if ids is not None:
                 trained.append(ids)
-                sums += torch.stack([*out, torch.tensor(len(ids), dtype=torch.float64, device=sums.device)])
-        return sums.tolist(), dropped, trained
+                sentences += len(ids)
+                sums += torch.stack([out[0].detach().double(), *out[1:]])
+        return sums, sentences, dropped, trained
 
     def _forward(self, ids: np.ndarray, at: tuple[int, int] | None) -> list[Tensor] | None:
         """[loss, nll, target tokens, source tokens] of one micro-batch (the loss with its graph, the
         rest float64), or None when it ran out of memory. `at`: (attempt, micro-batch) for the hooks."""
         try:
-            batch = self.batch(ids)
+            batch = self.batches.get(ids)
             with self.autocast():  # the forward only, as torch.amp recommends
                 loss, nll = micro_batch_loss(self.ddp, batch, self.cfg.optim.label_smoothing)
             if at is not None:

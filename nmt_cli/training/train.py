@@ -33,6 +33,7 @@ from nmt_cli.training.counters import Counters
 from nmt_cli.training.loss import per_token
 from nmt_cli.training.resume import apply_resume, rng_state, training_checkpoint
 from nmt_cli.training.step import Outcome, Step, micro_batch_loss
+from nmt_cli.training.step import applied as step_applied
 from nmt_cli.training.trainlog import JSONL, Interval, TrainLog, truncate_after
 
 
@@ -93,6 +94,7 @@ class Trainer:
         self.interval = Interval(lambda src, tgt, n: flops.training_flops(cfg.model, vocab, src, tgt, n),
                                   self.peak * ctx.world_size)
         self.save_due = False
+        self.pending: list[tuple[Outcome, int]] = []  # updates run but not yet read from the device
         self.run_start = self.last_save = time.monotonic()
         torch.manual_seed(cfg.seed * 1000 + ctx.rank)  # dropout differs between ranks
 
@@ -157,7 +159,7 @@ class Trainer:
 
     def loop(self) -> None:
         cfg, c = self.cfg, self.counters
-        if self._finished():
+        if self._finished(clock=True):
             self.log.info(f"already trained to update {c.update}, epoch {c.epoch}; nothing to do "
                           "(raise --max-update / --max-epoch to train on)")
             return
@@ -167,11 +169,15 @@ class Trainer:
         while not self._finished():
             if not self._epoch():
                 break
+        self._settle()
         self._save(numbered=self._numbered_at_end())
 
-    def _finished(self) -> bool:
+    def _finished(self, clock: bool = False) -> bool:
+        """Whether a stop condition holds. The clock is read here only with `clock` (before the first
+        update); during the run the ranks learn it together, from the flags of `_time_flags`."""
         c, cfg = self.counters, self.cfg
-        out_of_time = cfg.stop.max_time_hours > 0 and c.train_seconds >= cfg.stop.max_time_hours * 3600
+        limit = cfg.stop.max_time_hours * 3600
+        out_of_time = clock and limit > 0 and c.train_seconds >= limit
         return bool((cfg.stop.max_update and c.update >= cfg.stop.max_update)
                     or (cfg.stop.max_epoch and c.epoch > cfg.stop.max_epoch)
                     or c.stop_requested or out_of_time)
@@ -181,11 +187,18 @@ class Trainer:
         c, split, W, M = self.counters, self.data.train, self.ctx.world_size, self.step.micro_batches
         order = corpus.order_of(split, c.epoch, self.cfg.seed)
         start = c.epoch_batches_done
-        for u in range(corpus.updates_per_epoch(len(split.batches), W, M, start)):
+
+        def batches(u: int) -> tuple[range, list[np.ndarray | None]]:
             positions = corpus.update_positions(start, u, W, M, len(split.batches))
-            micro = corpus.rank_micro_batches(split, order, positions, self.ctx.rank, W, M)
+            return positions, corpus.rank_micro_batches(split, order, positions, self.ctx.rank, W, M)
+
+        count = corpus.updates_per_epoch(len(split.batches), W, M, start)
+        upcoming = batches(0) if count else None
+        for u in range(count):
+            positions, micro = upcoming
+            upcoming = batches(u + 1) if u + 1 < count else None
             _, tgt_tokens = corpus.update_tokens(split, order, positions)
-            applied = self.update(micro, tgt_tokens, len(positions))
+            applied = self.update(micro, tgt_tokens, len(positions), upcoming[1][0] if upcoming else None)
             c.epoch_batches_done = positions.stop
             self._after_update(applied)
             if self._finished():
@@ -193,29 +206,65 @@ class Trainer:
         c.epoch, c.epoch_batches_done = c.epoch + 1, 0
         return True
 
-    def update(self, micro: list[np.ndarray | None], update_tgt_tokens: int, planned: int) -> bool:
-        """One `Step` of this rank's micro-batches, then the counters, the log and the limits of `guard`
-        (alike on every rank: they read what the all-reduce gave all). True when the step was taken."""
-        cfg, c = self.cfg, self.counters
+    def update(self, micro: list[np.ndarray | None], update_tgt_tokens: int, planned: int,
+               upcoming: np.ndarray | None = None) -> bool | None:
+        """One `Step` of this rank's micro-batches. Its outcome stays on the device, the update counted
+        as applied, until a sync point (`_sync_due`: log lines, saves, validation, the last update);
+        there `_settle` reads every update since the last at once, and counts, logs and checks each
+        alike on every rank. Returns whether this update was applied when it was settled here, else None."""
+        c = self.counters
         attempt, number = c.update + c.skipped_updates + 1, c.update + 1
-        out: Outcome = self.step.run(micro, update_tgt_tokens, attempt, number, self._time_flags())
+        out = self.step.run(micro, update_tgt_tokens, attempt, number, self._time_flags(), upcoming)
         for ids in out.trained:
             hooks.at("examples_trained", rank=self.ctx.rank, epoch=c.epoch, update=c.update, ids=ids.tolist())
-        health, scaler = out.health, self.step.scaler
-        c.update, c.skipped_updates = c.update + int(out.applied), c.skipped_updates + int(not out.applied)
-        c.bad_updates = 0 if health.finite else c.bad_updates + 1
-        c.micro_batches, c.oom_micro_batches = (c.micro_batches + planned,
-                                                c.oom_micro_batches + health.oom_micro_batches)
-        guard.report(self.log, number, health, c, cfg, scaler)
-        scale = scaler.get_scale() if scaler.is_enabled() else None
-        guard.check_nonfinite(cfg, c, health, scale, lambda: guard.locate_nonfinite(self.model, self.ctx),
-                              self.saved_update)
-        guard.check_out_of_memory(cfg, c, self.saved_update)
+        c.update += 1
+        self.pending.append((out, planned))
+        applied = self._settle() if self._sync_due() else None
         self.step.zero_grad()
-        self.interval.add(out.totals[:5] if out.applied else None, out.norm, out.lr, health.oom_micro_batches)
-        c.stop_requested = c.stop_requested or out.totals[9] > 0
-        self.save_due = out.totals[8] > 0
-        return out.applied
+        return applied
+
+    def _sync_due(self) -> bool:
+        """Whether the host reads the device's account now: on every cadence of the update number
+        (counted as if every update since the last sync applied, so a skip only brings a sync early,
+        never past a cadence), at the last update, every `log.interval` updates at most (100 with no
+        log), and after each fp16 update (its loss scale is the host's)."""
+        cfg, n = self.cfg, self.counters.update
+        cadences = (cfg.log.interval, cfg.checkpoint.save_interval_updates, cfg.valid.interval_updates)
+        return bool(self.step.scaler.is_enabled() or len(self.pending) >= (cfg.log.interval or 100)
+                    or any(k > 0 and n % k == 0 for k in cadences)
+                    or (cfg.stop.max_update and n >= cfg.stop.max_update))
+
+    def _settle(self) -> bool | None:
+        """Read the outcomes of the updates since the last sync (one wait for the device) and take
+        each in turn as it happened: the counters, the warnings and limits of `guard`, the log.
+        Returns whether the last one was applied (None when there was none)."""
+        if not self.pending:
+            return None
+        cfg, c, scaler = self.cfg, self.counters, self.step.scaler
+        pending, self.pending = self.pending, []
+        rows = torch.stack([torch.cat([out.totals, out.norm.double()[None]]) for out, _ in pending]).tolist()
+        c.update -= len(pending)
+        applied = False
+        for (out, planned), row in zip(pending, rows, strict=True):
+            totals, norm, number = row[:-1], row[-1], c.update + 1
+            health, applied = guard.Health(*map(int, totals[5:8]), self.ctx.world_size), step_applied(totals)
+            c.update, c.skipped_updates = c.update + int(applied), c.skipped_updates + int(not applied)
+            c.bad_updates = 0 if health.finite else c.bad_updates + 1
+            c.micro_batches, c.oom_micro_batches = (c.micro_batches + planned,
+                                                    c.oom_micro_batches + health.oom_micro_batches)
+            guard.report(self.log, number, health, c, cfg, scaler)
+            scale = scaler.get_scale() if scaler.is_enabled() else None
+            guard.check_nonfinite(cfg, c, health, scale, lambda: guard.locate_nonfinite(
+                self.model, self.ctx, self.step.nonfinite_gradients()), self.saved_update)
+            guard.check_out_of_memory(cfg, c, self.saved_update)
+            self.interval.add(totals[:5] if applied else None, norm, out.lr, health.oom_micro_batches)
+            c.stop_requested = c.stop_requested or totals[9] > 0
+            self.save_due = self.save_due or totals[8] > 0
+            every = cfg.log.interval
+            if applied and every > 0 and c.update % every == 0 and self.interval.updates:
+                self.log.record(self.interval.record(c))
+                self.interval.reset()
+        return applied
 
     def _time_flags(self) -> list[float]:
         """[save due by the clock, out of time] (summed over ranks, so all ranks decide alike); also
@@ -227,13 +276,13 @@ class Trainer:
         stop = cfg.stop.max_time_hours > 0 and self.counters.train_seconds >= cfg.stop.max_time_hours * 3600
         return [float(save), float(stop)]
 
-    def _after_update(self, applied: bool) -> None:
+    def _after_update(self, applied: bool | None) -> None:
+        """The progress bar; once the update is settled (`applied` not None), the saves and validation
+        it is due for."""
         cfg, c = self.cfg, self.counters
-        if applied:
-            self.log.step(c.update, self.interval.last_loss, self.interval.last_lr, self.interval.speed())
-            if cfg.log.interval > 0 and c.update % cfg.log.interval == 0 and self.interval.updates:
-                self.log.record(self.interval.record(c))
-                self.interval.reset()
+        self.log.step(c.update, self.interval.last_loss, self.interval.last_lr, self.interval.speed())
+        if applied is None:  # every cadence is a sync point: none is due
+            return
         by_updates = (applied and cfg.checkpoint.save_interval_updates > 0
                       and c.update % cfg.checkpoint.save_interval_updates == 0)
         if by_updates or self.save_due:
@@ -291,7 +340,8 @@ class Trainer:
     def _save(self, numbered: bool = True) -> None:
         """Validate, then write a checkpoint: numbered (the averaging cadence) or checkpoint_last.pt
         alone (crash safety)."""
-        c = self.counters
+        self._settle()
+        c, self.save_due = self.counters, False
         if c.update == self.saved_update and (self.saved_numbered or not numbered):
             return
         best = self._validate()
