@@ -73,12 +73,19 @@ def test_damage_anywhere_is_caught_and_named(model_file: Path, tmp_path: Path) -
     assert refused > 300, "most damage must be caught"
 
 
-def test_checkpoint_last_is_a_copy_and_best_a_link(tmp_path: Path) -> None:
-    checkpoint.save_training(tmp_path, 2, _state(2), best=True, keep_last=5)
+def test_checkpoint_last_and_best_name_the_numbered_file_and_outlive_its_pruning(tmp_path: Path) -> None:
+    checkpoint.save_training(tmp_path, 2, _state(2), best=True, keep_last=1)
     numbered = tmp_path / "checkpoint_2.pt"
-    assert (tmp_path / LAST).read_bytes() == numbered.read_bytes()
-    assert not os.path.samefile(tmp_path / LAST, numbered), "a link would share any damage"
+    assert os.path.samefile(tmp_path / LAST, numbered), "written once, named twice"
     assert os.path.samefile(tmp_path / BEST, numbered)
+    checkpoint.save_training(tmp_path, 4, _state(4), best=False, keep_last=1)
+    assert not numbered.exists(), "keep_last=1 prunes checkpoint_2.pt"
+    assert os.path.samefile(tmp_path / LAST, tmp_path / "checkpoint_4.pt")
+    assert file_format.load(tmp_path / BEST)["train"]["update"] == 2, "the best file outlives its old name"
+    checkpoint.save_training(tmp_path, 6, _state(6), best=False, keep_last=1, numbered=False)
+    assert file_format.load(tmp_path / LAST)["train"]["update"] == 6, "a save for crash safety only"
+    assert file_format.load(tmp_path / "checkpoint_4.pt")["train"]["update"] == 4, "replaced, not overwritten"
+    assert checkpoint.numbered_checkpoints(tmp_path) == [(4, tmp_path / "checkpoint_4.pt")]
 
 
 def _latest(save_dir: Path) -> tuple[str, int, list[str]]:
@@ -91,11 +98,13 @@ def test_resume_takes_the_newest_intact_checkpoint(tmp_path: Path) -> None:
         checkpoint.save_training(tmp_path, update, _state(update), best=update == 2, keep_last=5)
     assert _latest(tmp_path) == (LAST, 4, [])
 
-    _flip(tmp_path / LAST)  # damage the copy: the numbered file of the same update takes over
+    # damage the file checkpoint_last.pt and checkpoint_4.pt both name: the numbered one before takes over
+    _flip(tmp_path / LAST)
     name, update, problems = _latest(tmp_path)
-    assert (name, update) == ("checkpoint_4.pt", 4) and LAST in problems[0] and "corrupt" in problems[0]
+    assert (name, update) == ("checkpoint_2.pt", 2), problems
+    assert LAST in problems[0] and "checkpoint_4.pt" in problems[1] and "corrupt" in problems[1]
     _truncate(tmp_path / LAST)
-    assert _latest(tmp_path)[:2] == ("checkpoint_4.pt", 4)
+    assert _latest(tmp_path)[:2] == ("checkpoint_2.pt", 2)
 
     # a crash after checkpoint_6.pt was written but before checkpoint_last.pt was replaced
     checkpoint.save_training(tmp_path, 4, _state(4), best=False, keep_last=5)

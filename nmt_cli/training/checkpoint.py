@@ -33,18 +33,18 @@ def numbered_checkpoints(save_dir: Path) -> list[tuple[int, Path]]:
 
 def save_training(save_dir: Path, update: int, state: dict[str, Any], best: bool, keep_last: int,
                   numbered: bool = True) -> Path:
-    """Write checkpoint_{update}.pt, then checkpoint_last.pt as a second, independent copy of it,
-    point checkpoint_best.pt at it when `best`, and delete all but the newest `keep_last` numbered
-    checkpoints. With `numbered` False (a save for crash safety only, off the averaging cadence),
-    write checkpoint_last.pt alone: `nmt average --last N` reads only numbered checkpoints, so
-    such a save never enters an average.
+    """Write checkpoint_{update}.pt, make checkpoint_last.pt and, when `best`, checkpoint_best.pt hard
+    links to it, and delete all but the newest `keep_last` numbered checkpoints. With `numbered`
+    False (a save for crash safety only, off the averaging cadence), write checkpoint_last.pt alone:
+    `nmt average --last N` reads only numbered checkpoints, so such a save never enters an average.
 
-    checkpoint_last.pt is a copy, not a link: damage to one file (a flipped bit on disk, a file
-    truncated by hand or by a full disk) then leaves the other intact, and a resume loses nothing.
-    A link would share the damage and cost a checkpoint interval. checkpoint_best.pt is a hard link
-    (a copy where the filesystem has none): a name for `translate`, never what a resume needs.
-    Each name is swapped in by an atomic rename, so a crash at any point leaves every name readable;
-    `load_latest` then takes whichever intact file is newest.
+    checkpoint_last.pt names the same file as the newest numbered checkpoint, so a save writes its
+    bytes once. Damage to that file (a flipped bit, a truncation) shows under both names; `load_latest`
+    then falls back to the newest intact numbered checkpoint before it, which keep_last >= 2 keeps: a
+    resume loses one checkpoint interval. Deleting an old numbered name never deletes the file that
+    checkpoint_last.pt or checkpoint_best.pt still name. Each name is swapped in by an atomic rename
+    (a copy where the filesystem has no hard links), so a crash at any point leaves every name
+    readable; `load_latest` then takes whichever intact file is newest.
     """
     save_dir = Path(save_dir)
     if not numbered:
@@ -55,7 +55,7 @@ def save_training(save_dir: Path, update: int, state: dict[str, Any], best: bool
     path = save_dir / f"checkpoint_{update}.pt"
     save(path, state)
     hooks.at("checkpoint_saved", path=path)  # tests: a crash before checkpoint_last.pt is
-    copy_to_last(path)
+    _replace_with(path, save_dir / LAST)
     if best:
         _replace_with(path, save_dir / BEST)
     for _, old in numbered_checkpoints(save_dir)[: -keep_last if keep_last > 0 else None]:
@@ -65,8 +65,8 @@ def save_training(save_dir: Path, update: int, state: dict[str, Any], best: bool
 
 
 def copy_to_last(path: Path) -> None:
-    """Make checkpoint_last.pt beside `path` a copy of it (atomically). Also what a resume from a
-    newer file than checkpoint_last.pt does: a crash between the two writes left it behind."""
+    """Make checkpoint_last.pt beside `path` a copy of it (atomically): what a resume from a newer
+    file than checkpoint_last.pt does, once at start-up (a crash between the two names left it behind)."""
     with open(path, "rb") as source, atomic_writer(Path(path).with_name(LAST)) as target:
         shutil.copyfileobj(source, target, 1 << 24)
 
