@@ -50,7 +50,8 @@ def _hash_into(digest: Any, obj: Any) -> None:
     if isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
         digest.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        # the tensor's memory itself, not a copy of it; hashlib lets other threads run meanwhile
+        digest.update(t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b"")
     elif isinstance(obj, dict):
         digest.update(f"D{len(obj)}".encode())
         for key in sorted(obj, key=repr):
