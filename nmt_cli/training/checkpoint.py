@@ -1,5 +1,6 @@
 """A training run's folder: checkpoint_{update}.pt, checkpoint_last.pt, checkpoint_best.pt, written
-so that a crash at any point leaves a checkpoint to resume from (the file format: `model.file`).
+so that a crash at any point leaves a checkpoint to resume from (the file format: `model.file`), in
+the background while training goes on (`Saver`).
 """
 
 from __future__ import annotations
@@ -8,8 +9,13 @@ import contextlib
 import os
 import re
 import shutil
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 from typing import Any
+
+import torch
 
 from nmt_cli import hooks
 from nmt_cli.artifacts import atomic_writer, fsync_dir
@@ -69,6 +75,88 @@ def copy_to_last(path: Path) -> None:
     file than checkpoint_last.pt does, once at start-up (a crash between the two names left it behind)."""
     with open(path, "rb") as source, atomic_writer(Path(path).with_name(LAST)) as target:
         shutil.copyfileobj(source, target, 1 << 24)
+
+
+class Saver:
+    """Writes training checkpoints in a background thread: the training thread only copies the state
+    to CPU memory, then trains on (and the other ranks, which wait on rank 0, with it) while the copy
+    is hashed and written by `save_training`. One write at a time: `submit` first waits for the one
+    before. Used as a context manager around a run, it waits for the write in flight on every way out,
+    so the run's end never leaves a checkpoint lost or half-written.
+    """
+
+    def __init__(self, info: Callable[[str], None], warn: Callable[[str], None]) -> None:
+        self.info, self.warn = info, warn
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, save_dir: Path, update: int, state: dict[str, Any], best: bool, keep_last: int,
+               numbered: bool = True) -> None:
+        """Write `state` as `save_training` does, from a copy taken now: training may change its
+        tensors as soon as this returns. Raises the error of the write before, if it failed."""
+        self.wait()
+        copy = _snapshot(state)
+        self._thread = threading.Thread(target=self._write, name=f"checkpoint {update}",
+                                        args=(save_dir, update, copy, best, keep_last, numbered))
+        self._thread.start()
+
+    def _write(self, save_dir: Path, update: int, state: dict[str, Any], best: bool, keep_last: int,
+               numbered: bool) -> None:
+        try:
+            path = save_training(save_dir, update, state, best, keep_last, numbered)
+        except BaseException as e:  # noqa: BLE001 (raised again by `wait`, in the training thread)
+            self._error = e
+            return
+        self.info(f"saved {path}" + (" (best so far)" if best else ""))
+
+    def wait(self) -> None:
+        """Join the write in flight, if any, and raise its error here."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def __enter__(self) -> Saver:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if error is None:
+            self.wait()
+            return
+        try:  # the error already on its way is the one to report; the write's own is logged beside it
+            self.wait()
+        except BaseException as write_error:  # noqa: BLE001
+            self.warn(f"the checkpoint being written when training stopped was not saved either: "
+                      f"{type(write_error).__name__}: {write_error}")
+
+
+def _snapshot(obj: Any) -> Any:
+    """`obj` with every tensor copied to CPU memory and every container rebuilt, so that training
+    cannot change it. GPU tensors are copied into pinned memory without blocking, then waited for at
+    once."""
+    devices: set[torch.device] = set()
+    copy = _copy_to_cpu(obj, devices)
+    for device in devices:
+        torch.cuda.synchronize(device)
+    return copy
+
+
+def _copy_to_cpu(obj: Any, devices: set[torch.device]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        if obj.device.type != "cuda":
+            return obj.detach().to("cpu", copy=True)  # a clone on the CPU: never the live tensor
+        devices.add(obj.device)
+        return torch.empty(obj.shape, dtype=obj.dtype, pin_memory=True).copy_(obj.detach(), non_blocking=True)
+    if isinstance(obj, dict):
+        return {key: _copy_to_cpu(value, devices) for key, value in obj.items()}
+    if isinstance(obj, list):
+        return [_copy_to_cpu(item, devices) for item in obj]
+    if isinstance(obj, tuple):
+        return tuple(_copy_to_cpu(item, devices) for item in obj)
+    return obj
 
 
 def relink_best(save_dir: Path, update: int) -> None:
