@@ -15,6 +15,10 @@ what it returns is returned (a replacement value, where the point takes one). Th
 - ``file_written(path)``: a checkpoint or model file's temporary file is written, not yet renamed;
 - ``checkpoint_saved(path)``: a numbered checkpoint is in place, checkpoint_last.pt not yet.
 
+A training checkpoint's ``file_written`` and ``checkpoint_saved`` run in the thread that writes it
+(`training.checkpoint.Saver`) while training goes on; what they raise, the training thread raises
+at its next save or at the end of the run.
+
 `attempt` counts every update tried, skipped ones too, from 1 (0: the dry run's largest-batch
 trial); `micro` counts the micro-batches of an update from 1.
 """

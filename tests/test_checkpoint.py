@@ -7,6 +7,7 @@ import ast
 import os
 import pickle
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 
 import nmt_cli
 from conftest import assert_user_error, nmt, save_model_file
+from nmt_cli import hooks
 from nmt_cli.config.model import ModelConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.model import file as file_format
@@ -73,12 +75,19 @@ def test_damage_anywhere_is_caught_and_named(model_file: Path, tmp_path: Path) -
     assert refused > 300, "most damage must be caught"
 
 
-def test_checkpoint_last_is_a_copy_and_best_a_link(tmp_path: Path) -> None:
-    checkpoint.save_training(tmp_path, 2, _state(2), best=True, keep_last=5)
+def test_checkpoint_last_and_best_name_the_numbered_file_and_outlive_its_pruning(tmp_path: Path) -> None:
+    checkpoint.save_training(tmp_path, 2, _state(2), best=True, keep_last=1)
     numbered = tmp_path / "checkpoint_2.pt"
-    assert (tmp_path / LAST).read_bytes() == numbered.read_bytes()
-    assert not os.path.samefile(tmp_path / LAST, numbered), "a link would share any damage"
+    assert os.path.samefile(tmp_path / LAST, numbered), "written once, named twice"
     assert os.path.samefile(tmp_path / BEST, numbered)
+    checkpoint.save_training(tmp_path, 4, _state(4), best=False, keep_last=1)
+    assert not numbered.exists(), "keep_last=1 prunes checkpoint_2.pt"
+    assert os.path.samefile(tmp_path / LAST, tmp_path / "checkpoint_4.pt")
+    assert file_format.load(tmp_path / BEST)["train"]["update"] == 2, "the best file outlives its old name"
+    checkpoint.save_training(tmp_path, 6, _state(6), best=False, keep_last=1, numbered=False)
+    assert file_format.load(tmp_path / LAST)["train"]["update"] == 6, "a save for crash safety only"
+    assert file_format.load(tmp_path / "checkpoint_4.pt")["train"]["update"] == 4, "replaced, not overwritten"
+    assert checkpoint.numbered_checkpoints(tmp_path) == [(4, tmp_path / "checkpoint_4.pt")]
 
 
 def _latest(save_dir: Path) -> tuple[str, int, list[str]]:
@@ -91,11 +100,13 @@ def test_resume_takes_the_newest_intact_checkpoint(tmp_path: Path) -> None:
         checkpoint.save_training(tmp_path, update, _state(update), best=update == 2, keep_last=5)
     assert _latest(tmp_path) == (LAST, 4, [])
 
-    _flip(tmp_path / LAST)  # damage the copy: the numbered file of the same update takes over
+    # damage the file checkpoint_last.pt and checkpoint_4.pt both name: the numbered one before takes over
+    _flip(tmp_path / LAST)
     name, update, problems = _latest(tmp_path)
-    assert (name, update) == ("checkpoint_4.pt", 4) and LAST in problems[0] and "corrupt" in problems[0]
+    assert (name, update) == ("checkpoint_2.pt", 2), problems
+    assert LAST in problems[0] and "checkpoint_4.pt" in problems[1] and "corrupt" in problems[1]
     _truncate(tmp_path / LAST)
-    assert _latest(tmp_path)[:2] == ("checkpoint_4.pt", 4)
+    assert _latest(tmp_path)[:2] == ("checkpoint_2.pt", 2)
 
     # a crash after checkpoint_6.pt was written but before checkpoint_last.pt was replaced
     checkpoint.save_training(tmp_path, 4, _state(4), best=False, keep_last=5)
@@ -128,6 +139,69 @@ def test_relinking_best_after_a_crash(tmp_path: Path) -> None:
     file_format.save(tmp_path / "checkpoint_4.pt", _state(4))
     checkpoint.relink_best(tmp_path, 4)
     assert os.path.samefile(tmp_path / BEST, tmp_path / "checkpoint_4.pt")
+
+
+def test_a_background_save_writes_the_state_of_its_submit_while_training_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`submit` returns with the write still to come; what training changes after it (tensors in
+    place, containers) is not what is written; "saved" is said once the files are in place."""
+    writing, release = threading.Event(), threading.Event()
+
+    def held_save(path: Path, state: dict) -> None:
+        writing.set()
+        assert release.wait(timeout=60)
+        file_format.save(path, state)
+
+    monkeypatch.setattr(checkpoint, "save", held_save)
+    said: list[str] = []
+    state = _state(2)
+    state["train"]["optimizer"] = {"state": {0: {"exp_avg": torch.ones(8)}}, "param_groups": [{"lr": 1.0}]}
+    with checkpoint.Saver(said.append, said.append) as saver:
+        saver.submit(tmp_path, 2, state, best=True, keep_last=5)
+        assert writing.wait(timeout=60) and not list(tmp_path.glob("checkpoint*.pt")) and said == []
+        state["model"]["w"].add_(1.0)  # the next update
+        state["train"]["optimizer"]["state"][0]["exp_avg"].mul_(0.5)
+        state["train"]["optimizer"]["param_groups"][0]["lr"] = 2.0
+        state["train"]["update"] = 3
+        release.set()
+    assert said == [f"saved {tmp_path / 'checkpoint_2.pt'} (best so far)"]
+    written = file_format.load(tmp_path / LAST)
+    assert torch.equal(written["model"]["w"], torch.full((256,), 2.0))
+    assert torch.equal(written["train"]["optimizer"]["state"][0]["exp_avg"], torch.ones(8))
+    assert written["train"]["optimizer"]["param_groups"][0]["lr"] == 1.0 and written["train"]["update"] == 2
+    assert os.path.samefile(tmp_path / LAST, tmp_path / "checkpoint_2.pt")
+    assert os.path.samefile(tmp_path / BEST, tmp_path / "checkpoint_2.pt")
+
+
+def test_an_error_of_the_background_write_is_raised_in_the_training_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the kind of error it was, by the next `wait` or `submit`, once; an error the run already
+    ends with is not replaced by it."""
+    def at(point: str, **details: object) -> None:
+        if point == "checkpoint_saved":
+            raise NmtError("no space left for checkpoint_last.pt")
+
+    monkeypatch.setattr(hooks, "at", at)
+    said: list[str] = []
+    saver = checkpoint.Saver(said.append, said.append)
+    saver.submit(tmp_path, 2, _state(2), best=False, keep_last=5)
+    with pytest.raises(NmtError, match="no space left"):
+        saver.wait()
+    saver.wait()
+    saver.submit(tmp_path, 4, _state(4), best=False, keep_last=5)
+    with pytest.raises(NmtError, match="no space left"):
+        saver.submit(tmp_path, 6, _state(6), best=False, keep_last=5)
+    assert said == [] and not (tmp_path / "checkpoint_6.pt").exists()
+
+    with pytest.raises(KeyError, match="the run's own"), saver:
+        saver.submit(tmp_path, 8, _state(8), best=False, keep_last=5)
+        raise KeyError("the run's own error")
+    assert len(said) == 1 and "checkpoint being written" in said[0] and "no space left" in said[0]
+
+    (tmp_path / "a_file").write_text("")
+    saver.submit(tmp_path / "a_file", 10, _state(10), best=False, keep_last=5)
+    with pytest.raises(OSError):
+        saver.wait()
 
 
 def test_interrupted_writes_are_cleaned_up(tmp_path: Path) -> None:

@@ -115,8 +115,9 @@ def test_killed_anywhere_the_same_command_resumes_exactly(train_data: Path, tmp_
     """Up to seven SIGKILLs in an order and at times drawn from a seeded RNG: inside checkpoint writes,
     between a numbered checkpoint and checkpoint_last.pt, right after a log append, then at random
     times (start-up, resume, training, validation, saving); after the log kill, train.jsonl also
-    gets a torn last line. Each rerun of the same command resumes by itself from no more than
-    one checkpoint interval back."""
+    gets a torn last line. Each rerun of the same command resumes by itself from no more than two
+    checkpoint intervals back: one, plus what was trained while a checkpoint was being written in
+    the background (the next save waits for it)."""
     reference, soak = tmp_path / "reference", tmp_path / "soak"
     nmt("train", train_data, "--save-dir", reference, *SOAK)
     rng = random.Random(20240607)
@@ -139,7 +140,7 @@ def test_killed_anywhere_the_same_command_resumes_exactly(train_data: Path, tmp_
         text = (tmp_path / f"run{run}.err").read_text()
         if resumed := re.search(r"resuming from \S+ at update (\d+)", text):
             lost = done_before - int(resumed.group(1))
-            assert 0 <= lost <= SAVE_EVERY, f"run {run} resumed {lost} updates back:\n{text}"
+            assert 0 <= lost <= 2 * SAVE_EVERY, f"run {run} resumed {lost} updates back:\n{text}"
         if not killed:
             break
         kills.append(event)

@@ -101,12 +101,13 @@ def test_resume_continues_exactly(data_dir: Path, tmp_path: Path) -> None:
 
 def test_a_resume_from_a_newer_numbered_checkpoint_brings_checkpoint_last_up_to_date(data_dir: Path,
                                                                                      tmp_path: Path) -> None:
-    """A crash between checkpoint_6.pt and its copy checkpoint_last.pt (here: last holds update 3)
+    """A crash between checkpoint_6.pt and its link checkpoint_last.pt (here: last names update 3)
     and a rerun that has nothing left to train: checkpoint_last.pt still ends at update 6."""
     save = tmp_path / "run"
     args = [*SMALL, "--save-interval-updates", "3", "--max-update", "6"]
     nmt("train", data_dir, "--save-dir", save, *args)
-    (save / "checkpoint_last.pt").write_bytes((save / "checkpoint_3.pt").read_bytes())
+    (save / "checkpoint_last.pt").unlink()  # a name of checkpoint_6.pt's file: not written into
+    os.link(save / "checkpoint_3.pt", save / "checkpoint_last.pt")
     again = nmt("train", data_dir, "--save-dir", save, *args)
     assert "checkpoint_6.pt at update 6" in again.stderr
     assert model_file.load(save / "checkpoint_last.pt")["train"]["update"] == 6
@@ -159,10 +160,10 @@ def _flip_bytes(path: Path) -> None:
 
 
 def test_damaged_checkpoints_fall_back_to_the_newest_intact_one(data_dir: Path, tmp_path: Path) -> None:
-    """checkpoint_last.pt is a copy of the newest numbered checkpoint, not a link: flipped bytes in it
-    cost nothing (the numbered file of the same update takes over); a truncated one together with a
-    damaged numbered file costs one interval; a folder of damaged files is refused, never restarted
-    from scratch. Every skipped file is named."""
+    """checkpoint_last.pt is a hard link to the newest numbered checkpoint: damage to it (flipped bytes,
+    a truncation) shows under both names and costs one checkpoint interval, the numbered checkpoint
+    before takes over; a folder of damaged files is refused, never restarted from scratch. Every
+    skipped file is named."""
     save = tmp_path / "run"
     args = [*SMALL, "--save-interval-updates", "2"]
     nmt("train", data_dir, "--save-dir", save, *args, "--max-update", "4")
@@ -170,17 +171,17 @@ def test_damaged_checkpoints_fall_back_to_the_newest_intact_one(data_dir: Path, 
     again = nmt("train", data_dir, "--save-dir", save, *args, "--max-update", "6")
     warnings = [line for line in again.stderr.splitlines() if line.startswith("warning:")]
     assert any("checkpoint_last.pt is corrupt" in w for w in warnings), again.stderr
-    assert "resuming from" in again.stderr and "checkpoint_4.pt at update 4" in again.stderr
+    assert any("checkpoint_4.pt is corrupt" in w for w in warnings), again.stderr
+    assert "resuming from" in again.stderr and "checkpoint_2.pt at update 2" in again.stderr
 
-    with open(save / "checkpoint_last.pt", "r+b") as f:  # now a copy of update 6
+    with open(save / "checkpoint_last.pt", "r+b") as f:  # now the file of update 6
         f.truncate(f.seek(0, 2) // 2)
-    _flip_bytes(save / "checkpoint_6.pt")
     third = nmt("train", data_dir, "--save-dir", save, *args, "--max-update", "8")
     warnings = [line for line in third.stderr.splitlines() if line.startswith("warning:")]
-    assert any("checkpoint_last.pt is" in w and "truncated" in w for w in warnings), third.stderr
-    assert any("checkpoint_6.pt is corrupt" in w for w in warnings), third.stderr
+    for name in ("checkpoint_last.pt", "checkpoint_6.pt"):
+        assert any(f"{name} is" in w and "truncated" in w for w in warnings), third.stderr
     assert "checkpoint_4.pt at update 4" in third.stderr
-    # updates 5, 6 trained again, logged once
+    # updates 3, 4 and then 5, 6 trained again, logged once
     assert [r["update"] for r in _records(save)] == list(range(1, 9))
 
     for path in save.glob("checkpoint*.pt"):

@@ -50,7 +50,8 @@ def _hash_into(digest: Any, obj: Any) -> None:
     if isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
         digest.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        # the tensor's memory itself, not a copy of it; hashlib lets other threads run meanwhile
+        digest.update(t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b"")
     elif isinstance(obj, dict):
         digest.update(f"D{len(obj)}".encode())
         for key in sorted(obj, key=repr):
@@ -144,9 +145,15 @@ def model_state(model: torch.nn.Module, cfg: ModelConfig, dictionary: Dictionary
                 spm_model: bytes, source_normalization: dict[str, Any] | None = None) -> dict[str, Any]:
     """The parts of a file that describe the model: what `translate` and `average` need
     (`source_normalization`: the record `nmt prepare` wrote, see `data.clean.Normalization`)."""
+    return {"model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            **model_description(cfg, dictionary, spm_model, source_normalization)}
+
+
+def model_description(cfg: ModelConfig, dictionary: Dictionary, spm_model: bytes,
+                      source_normalization: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`model_state` but the weights: for a caller that copies them itself (a training checkpoint)."""
     return {
         "source_normalization": source_normalization,
-        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
         "model_config": dataclasses.asdict(cfg),
         "dictionary": {"symbols": list(dictionary.symbols), "counts": list(dictionary.counts)},
         "spm_model": spm_model,

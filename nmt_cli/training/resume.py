@@ -30,7 +30,7 @@ from nmt_cli import __version__
 from nmt_cli.config.core import flatten, to_dict
 from nmt_cli.config.train import TrainConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.model.file import differing_fields, model_config_of, model_state
+from nmt_cli.model.file import differing_fields, model_config_of, model_description
 from nmt_cli.training.corpus import Corpus
 from nmt_cli.training.counters import Counters
 from nmt_cli.training.step import Step
@@ -44,11 +44,13 @@ _FREE_TO_CHANGE = {"data", "save_dir", "threads", "dry_run", "try_largest_batch"
 def training_checkpoint(step: Step, c: Counters, data: Corpus, rng: list[dict[str, Any]],
                         best: bool) -> dict[str, Any]:
     """The whole state of a run (rank 0's `step`, where it stands, its data) as a checkpoint mapping;
-    `rng` holds every rank's random-number state."""
+    `rng` holds every rank's random-number state. The weights and optimiser moments are the run's own
+    tensors, on its device: `checkpoint.Saver` copies them once, before training changes them."""
     cfg = step.cfg
     return {
         "kind": "checkpoint",
-        **model_state(step.model, cfg.model, data.dictionary, data.spm_model, data.source_normalization),
+        **model_description(cfg.model, data.dictionary, data.spm_model, data.source_normalization),
+        "model": {k: v.detach() for k, v in step.model.state_dict().items()},
         "meta": {"nmt_version": __version__, "arch": cfg.arch,
                  "src_lang": data.src_lang, "tgt_lang": data.tgt_lang,
                  "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

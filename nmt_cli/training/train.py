@@ -72,8 +72,9 @@ def train(cfg: TrainConfig) -> None:
             if cfg.threads > 0:
                 torch.set_num_threads(cfg.threads)
             trainer = Trainer(cfg, ctx, corpus.load(cfg, ctx.world_size), log)
-            trainer.start()
-            trainer.loop()
+            with trainer.saver:  # the checkpoint being written is finished on every way out
+                trainer.start()
+                trainer.loop()
     finally:
         log.close()
     distributed.teardown(ctx)
@@ -89,6 +90,7 @@ class Trainer:
         self.model = self.step.model
         self.counters = Counters()
         self.saved_update, self.saved_numbered = -1, False
+        self.saver = checkpoint.Saver(log.info, log.warn)
         self.peak, self.peak_source = flops.device_peak(ctx.device, self.step.precision)
         vocab = len(data.dictionary)
         self.interval = Interval(lambda src, tgt, n: flops.training_flops(cfg.model, vocab, src, tgt, n),
@@ -131,7 +133,7 @@ class Trainer:
                 log.warn(note)
             self.saved_update = self.counters.update
             if self.ctx.is_main and path.name != checkpoint.LAST:
-                checkpoint.copy_to_last(path)
+                checkpoint.link_last(path)
             if self.ctx.is_main and state["meta"].get("best"):
                 checkpoint.relink_best(save_dir, self.counters.update)
             log.info(f"resuming from {path} at update {self.counters.update} (epoch {self.counters.epoch}, "
@@ -339,7 +341,7 @@ class Trainer:
 
     def _save(self, numbered: bool = True) -> None:
         """Validate, then write a checkpoint: numbered (the averaging cadence) or checkpoint_last.pt
-        alone (crash safety)."""
+        alone (crash safety). Rank 0 copies the state and writes it in the background (`Saver`)."""
         self._settle()
         c, self.save_due = self.counters, False
         if c.update == self.saved_update and (self.saved_numbered or not numbered):
@@ -350,9 +352,8 @@ class Trainer:
         rng = distributed.all_gather(rng_state(self.ctx.device), self.ctx)
         if self.ctx.is_main:
             state = training_checkpoint(self.step, c, self.data, rng, best)
-            path = checkpoint.save_training(Path(self.cfg.save_dir), c.update, state, best,
-                                            self.cfg.checkpoint.keep_last, numbered)
-            self.log.info(f"saved {path}" + (" (best so far)" if best else ""))
+            self.saver.submit(Path(self.cfg.save_dir), c.update, state, best, self.cfg.checkpoint.keep_last,
+                              numbered)
         self.saved_update, self.saved_numbered, self.last_save = c.update, numbered, time.monotonic()
 
 
