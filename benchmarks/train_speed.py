@@ -2,6 +2,7 @@
 
     python benchmarks/train_speed.py [--threads 2] [--seconds 20] [--max-tokens 6144] [--vocab 8000]
     python benchmarks/train_speed.py --threads 1,2      # one table row per thread count and precision
+    python benchmarks/train_speed.py --steps eager,compiled   # and through torch.compile (--compile)
 
 Prints, from one run: the matmul peak (fp32, bf16; large square products on --threads threads),
 the target tokens per second of real training updates (`train.Trainer.update`: forward, label-smoothed
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import io
+import itertools
 import os
 import resource
 import sys
@@ -92,9 +94,9 @@ def synthetic_corpus(out: Path, vocab: int, pairs: int, seed: int = 0) -> Path:
     return out
 
 
-def measure(data: Path, precision: str, args: argparse.Namespace) -> dict[str, float]:
+def measure(data: Path, precision: str, step: str, args: argparse.Namespace) -> dict[str, float]:
     cfg = dataclasses.replace(train_base(args.arch), data=data, save_dir=Path(tempfile.mkdtemp()),
-                              precision=precision, threads=args.threads,
+                              precision=precision, threads=args.threads, compile=step == "compiled",
                               batch=BatchConfig(max_tokens=args.max_tokens, micro_batches_per_update=1))
     trainer = Trainer(cfg, distributed.setup(cfg), corpus.load(cfg), TrainLog(cfg.save_dir, enabled=False))
     split = trainer.data.train
@@ -124,7 +126,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", default="2", help="thread counts to measure, comma-separated")
     parser.add_argument("--seconds", type=float, default=20.0, help="timed seconds per precision")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed updates first")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed updates first (and compiling)")
+    parser.add_argument("--steps", default="eager", help="eager, compiled (`nmt train --compile`) or both, "
+                        "comma-separated")
     parser.add_argument("--max-tokens", type=int, default=6144)
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--arch", default="transformer_small")
@@ -136,19 +140,19 @@ def main() -> None:
     print(f"{args.arch}, vocabulary {args.vocab}, max_tokens {args.max_tokens}, torch {torch.__version__}, "
           f"load average before: {os.getloadavg()[0]:.1f} (other processes on the CPU lower every number)")
     print("MFU = model FLOPs of the real tokens (nmt_cli/training/flops.py) / s / matmul peak")
-    print(f"{'threads':<8}{'precision':<10}{'tgt tok/s':>12}{'model GFLOP/s':>15}{'matmul peak GFLOP/s':>22}"
-          f"{'MFU':>8}{'updates':>9}{'CPU busy':>10}")
+    print(f"{'threads':<8}{'step':<10}{'precision':<10}{'tgt tok/s':>12}{'model GFLOP/s':>15}"
+          f"{'matmul peak GFLOP/s':>22}{'MFU':>8}{'updates':>9}{'CPU busy':>10}")
     with tempfile.TemporaryDirectory() as tmp:
         data = synthetic_corpus(Path(tmp) / "bin", args.vocab, pairs=20000)
         for count in threads:
             torch.set_num_threads(count)
             args.threads = count
-            for precision in ("fp32", "bf16"):
+            for step, precision in itertools.product(args.steps.split(","), ("fp32", "bf16")):
                 wait_until_idle(args.wait_idle_minutes)
                 before = measured_peak(CPU, precision, size=2048)
-                row = measure(data, precision, args)
+                row = measure(data, precision, step, args)
                 peak = max(before, measured_peak(CPU, precision, size=2048))  # others share the CPU
-                print(f"{count:<8}{precision:<10}{row['tokens_per_second']:>12,.0f}"
+                print(f"{count:<8}{step:<10}{precision:<10}{row['tokens_per_second']:>12,.0f}"
                       f"{row['flops_per_second'] / 1e9:>15,.1f}{peak / 1e9:>22,.1f}"
                       f"{row['flops_per_second'] / peak:>8.1%}{row['updates']:>9}{row['cpu_busy']:>10.0%}",
                       flush=True)

@@ -136,6 +136,11 @@ class TrainConfig:
                                flag="--precision")
     device: Device = opt("auto", "auto: cuda when available, else cpu", flag="--device")
     threads: int = opt(0, "CPU threads per worker (0: torch's default)", at_least=0)
+    compile: bool = opt(False, "run the model's forward and backward through torch.compile, each batch "
+                        "padded to a multiple of 8 positions so that a few graphs serve the whole run "
+                        "(compiling takes a minute or more first; on a CPU it needs a C++ compiler: g++, or "
+                        "$CXX)",
+                        flag="--compile/--no-compile")
     dry_run: bool = opt(False, "print the plan (parameters, batch, accumulation, learning rate) and exit",
                         flag="--dry-run")
     try_largest_batch: bool = opt(False, "with --dry-run: run forward, backward and an optimizer step on the "

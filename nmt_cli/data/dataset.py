@@ -261,15 +261,17 @@ def filter_by_size(src_sizes: np.ndarray, tgt_sizes: np.ndarray, max_positions: 
     return np.flatnonzero(fits), np.flatnonzero(~fits)
 
 
-def collate(src: IndexedDataset, tgt: IndexedDataset, ids: np.ndarray) -> dict[str, np.ndarray]:
+def collate(src: IndexedDataset, tgt: IndexedDataset, ids: np.ndarray,
+            multiple: int = 1) -> dict[str, np.ndarray]:
     """Arrays of one batch, right-padded with PAD: ``src`` (B, S) = sentence + EOS; ``prev`` (B, T) =
     BOS + target, what the decoder reads; ``target`` (B, T) = target + EOS, what it must predict;
     ``keep`` (N,) the flat positions in (B * T) of its N real target tokens (found here, so that the
-    device never has to count them)."""
+    device never has to count them). S and T are rounded up to a `multiple` (a compiled model then
+    meets fewer shapes)."""
     src_rows = [src[i] for i in ids]
     tgt_rows = [tgt[i] for i in ids]
-    S = max(len(r) for r in src_rows) + 1
-    T = max(len(r) for r in tgt_rows) + 1
+    S = -(-(max(len(r) for r in src_rows) + 1) // multiple) * multiple
+    T = -(-(max(len(r) for r in tgt_rows) + 1) // multiple) * multiple
     out = {name: np.full((len(ids), width), PAD, np.int64)
            for name, width in (("src", S), ("prev", T), ("target", T))}
     for b, (s, t) in enumerate(zip(src_rows, tgt_rows, strict=True)):

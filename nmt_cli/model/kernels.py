@@ -65,8 +65,8 @@ class Dropout(nn.Dropout):
     becomes 0.100006); kept values are scaled by 1 / (1 - that probability). GPUs keep torch's."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0 or x.device.type != "cpu":
-            return super().forward(x)
+        if not self.training or self.p == 0 or x.device.type != "cpu" or torch.compiler.is_compiling():
+            return super().forward(x)  # (inductor draws its own random numbers fast)
         drop_below = round(self.p * 65536)  # draws in [0, drop_below) of [0, 65536) are dropped
         n = x.numel()
         bits = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=x.device)

@@ -37,7 +37,7 @@ from nmt_cli.training.step import Step
 
 # Training settings whose change on resume is expected (where the data is, when to stop, how to report
 # and launch); a section stands for all its fields. The model is compared on its own (`apply_resume`).
-_FREE_TO_CHANGE = {"data", "save_dir", "threads", "dry_run", "try_largest_batch", "model",
+_FREE_TO_CHANGE = {"data", "save_dir", "threads", "compile", "dry_run", "try_largest_batch", "model",
                    "stop", "checkpoint", "valid", "log", "guard", "launch"}
 
 

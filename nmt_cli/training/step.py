@@ -11,7 +11,9 @@ schedule (optim.py).
 from __future__ import annotations
 
 import contextlib
+import os
 import resource
+import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
@@ -45,6 +47,25 @@ def micro_batch_loss(model: torch.nn.Module, batch: dict[str, Tensor],
     return label_smoothed_nll(logits, target, epsilon)
 
 
+COMPILED_MULTIPLE = 8  # a compiled model's batches are padded to a multiple of this many positions
+
+
+def compile_model(model: Transformer, device: torch.device) -> None:
+    """Run the model's forward (and so its backward) through torch.compile from now on. Shapes are
+    dynamic: after the first batches, a few graphs serve every batch size and length (`compiled_graphs`
+    counts them; past dynamo's recompile limit a shape runs eagerly, with torch's warning)."""
+    compiler = os.environ.get("CXX", "g++")
+    if device.type == "cpu" and shutil.which(compiler) is None:
+        raise NmtError(f"--compile on a CPU needs a C++ compiler ({compiler}), and none is on the PATH: "
+                       "install g++ (or set $CXX), or train without --compile")
+    model.compile(dynamic=True)
+
+
+def compiled_graphs() -> int:
+    """How many graphs torch.compile has made in this process so far."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
 class Outcome(NamedTuple):
     """One update as every rank saw it, still on the device: the trainer reads it at its next sync
     point (train.py `Trainer._settle`), so that the host never waits for the device in between."""
@@ -68,8 +89,8 @@ class Batches:
     thread (into pinned memory for a GPU, whose copy then overlaps the computation) while this one
     trains."""
 
-    def __init__(self, split: corpus.Split, device: torch.device) -> None:
-        self.split, self.device, self.pin = split, device, device.type == "cuda"
+    def __init__(self, split: corpus.Split, device: torch.device, multiple: int = 1) -> None:
+        self.split, self.device, self.pin, self.multiple = split, device, device.type == "cuda", multiple
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="nmt-batches")
         self.ahead: tuple[np.ndarray, Future] | None = None
 
@@ -85,7 +106,7 @@ class Batches:
         return {k: t.to(self.device, non_blocking=True) for k, t in host.items()}
 
     def _host(self, ids: np.ndarray) -> dict[str, Tensor]:
-        arrays = collate(self.split.src, self.split.tgt, ids)
+        arrays = collate(self.split.src, self.split.tgt, ids, self.multiple)
         tensors = {k: torch.from_numpy(v) for k, v in arrays.items() if k != "ids"}
         return {k: t.pin_memory() for k, t in tensors.items()} if self.pin else tensors
 
@@ -105,7 +126,9 @@ class Step:
         self.micro_batches = data.plan.micro_batches  # planned for ctx.world_size ranks (corpus.load)
         # a rank's zero-weight part in the gradient all-reduce
         self.spare = corpus.shortest_example(data.train)
-        self.batches = Batches(data.train, ctx.device)
+        if cfg.compile:
+            compile_model(self.model, ctx.device)
+        self.batches = Batches(data.train, ctx.device, COMPILED_MULTIPLE if cfg.compile else 1)
         # each parameter's gradient norm in the last update whose gradients were not finite here
         self.bad_norms: tuple[list[str], Tensor] | None = None
 

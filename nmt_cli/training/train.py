@@ -32,7 +32,7 @@ from nmt_cli.training import optim as optim_lib
 from nmt_cli.training.counters import Counters
 from nmt_cli.training.loss import per_token
 from nmt_cli.training.resume import apply_resume, rng_state, training_checkpoint
-from nmt_cli.training.step import Outcome, Step, micro_batch_loss
+from nmt_cli.training.step import Outcome, Step, compiled_graphs, micro_batch_loss
 from nmt_cli.training.step import applied as step_applied
 from nmt_cli.training.trainlog import JSONL, Interval, TrainLog, truncate_after
 
@@ -97,6 +97,7 @@ class Trainer:
                                   self.peak * ctx.world_size)
         self.save_due = False
         self.pending: list[tuple[Outcome, int]] = []  # updates run but not yet read from the device
+        self.graphs = compiled_graphs()  # of torch.compile, as last logged
         self.run_start = self.last_save = time.monotonic()
         torch.manual_seed(cfg.seed * 1000 + ctx.rank)  # dropout differs between ranks
 
@@ -266,6 +267,10 @@ class Trainer:
             if applied and every > 0 and c.update % every == 0 and self.interval.updates:
                 self.log.record(self.interval.record(c))
                 self.interval.reset()
+        if cfg.compile and (graphs := compiled_graphs()) != self.graphs:
+            self.log.info(f"torch.compile made {graphs - self.graphs} graph(s) of the model for new batch "
+                          f"shapes ({graphs} so far)")
+            self.graphs = graphs
         return applied
 
     def _time_flags(self) -> list[float]:
