@@ -10,6 +10,8 @@ loss, backward, Adam) in fp32 and bf16, and the model-FLOPs utilisation, counted
 logs it (`nmt_cli/training/flops.py`: the model's matrix products for the real tokens of each
 batch, 3 x the forward's, over the peak). The data is synthetic (random ids,
 sentence lengths like WMT: about 27 tokens), binarized the way `nmt binarize` writes it.
+"warm-up s": the untimed updates first (with --steps compiled, until --warmup updates in a row made
+no new graph: the compiling); "graphs": those torch.compile made for the row.
 "CPU busy" is the process's CPU time over wall time x threads: below ~95%, other processes took
 the cores for part of the run, and with 2 threads every parallel operation then waits for its
 descheduled partner, so the numbers say more about the neighbours than about the code.
@@ -44,6 +46,7 @@ from nmt_cli.training import (
     distributed,  # noqa: E402
 )
 from nmt_cli.training.flops import measured_peak, training_flops  # noqa: E402
+from nmt_cli.training.step import compiled_graphs  # noqa: E402
 from nmt_cli.training.train import Trainer  # noqa: E402
 from nmt_cli.training.trainlog import TrainLog  # noqa: E402
 
@@ -101,20 +104,41 @@ def measure(data: Path, precision: str, step: str, args: argparse.Namespace) -> 
     trainer = Trainer(cfg, distributed.setup(cfg), corpus.load(cfg), TrainLog(cfg.save_dir, enabled=False))
     split = trainer.data.train
     order = corpus.order_of(split, 1, cfg.seed)
-    done, flops, tgt, start, cpu = 0, 0.0, 0, None, 0.0
-    while start is None or time.perf_counter() - start < args.seconds:
+    done = 0
+
+    # compiled: the batches of the fewest and the most padded positions first, and one of a single
+    # sentence: inductor makes a graph for each side of the sizes it specialises on
+    padded = [len(ids) * (int(split.tgt.sizes[ids].max()) + 1) for ids in split.batches]
+    extremes = [int(np.argmin(padded)), int(np.argmax(padded)),
+                next((b for b, ids in enumerate(split.batches) if len(ids) == 1), int(np.argmin(padded)))]
+    order = np.concatenate([extremes, order]) if step == "compiled" else order
+
+    def update() -> tuple[int, int, int]:
+        nonlocal done
         batch = order[done % len(order)]
         ids = split.batches[batch]
-        s, t = int(split.src_tokens[batch]), int(split.tgt_tokens[batch])
-        if done == args.warmup:
-            start, flops, tgt, cpu = time.perf_counter(), 0.0, 0, _cpu_seconds()
-        trainer.update([ids], t, 1)
-        flops += training_flops(cfg.model, len(trainer.data.dictionary), s, t, len(ids))
-        tgt, done = tgt + t, done + 1
+        trainer.update([ids], int(split.tgt_tokens[batch]), 1)
+        done += 1
+        return int(split.src_tokens[batch]), int(split.tgt_tokens[batch]), len(ids)
+
+    # Warm-up: `--warmup` updates; compiled, the extremes, then until that many in a row made no new graph
+    first = compiled_graphs()
+    warm_start, quiet, graphs = time.perf_counter(), 0, first
+    while quiet < args.warmup or done < len(extremes):
+        update()
+        quiet, graphs = (quiet + 1, graphs) if compiled_graphs() == graphs else (0, compiled_graphs())
+    warmup_seconds = time.perf_counter() - warm_start
+    flops, tgt, start, cpu, timed = 0.0, 0, time.perf_counter(), _cpu_seconds(), done
+    while time.perf_counter() - start < args.seconds:
+        s, t, n = update()
+        flops += training_flops(cfg.model, len(trainer.data.dictionary), s, t, n)
+        tgt += t
     seconds = time.perf_counter() - start
     cpu = _cpu_seconds() - cpu
     return {"tokens_per_second": tgt / seconds, "flops_per_second": flops / seconds,
-            "updates": done - args.warmup, "cpu_busy": cpu / (seconds * args.threads)}
+            "updates": done - timed, "cpu_busy": cpu / (seconds * args.threads),
+            "warmup_seconds": warmup_seconds, "graphs": compiled_graphs() - first,
+            "timed_graphs": compiled_graphs() - graphs}
 
 
 def _cpu_seconds() -> float:
@@ -141,7 +165,8 @@ def main() -> None:
           f"load average before: {os.getloadavg()[0]:.1f} (other processes on the CPU lower every number)")
     print("MFU = model FLOPs of the real tokens (nmt_cli/training/flops.py) / s / matmul peak")
     print(f"{'threads':<8}{'step':<10}{'precision':<10}{'tgt tok/s':>12}{'model GFLOP/s':>15}"
-          f"{'matmul peak GFLOP/s':>22}{'MFU':>8}{'updates':>9}{'CPU busy':>10}")
+          f"{'matmul peak GFLOP/s':>22}{'MFU':>8}{'updates':>9}{'CPU busy':>10}{'warm-up s':>11}"
+          f"{'graphs':>8}")
     with tempfile.TemporaryDirectory() as tmp:
         data = synthetic_corpus(Path(tmp) / "bin", args.vocab, pairs=20000)
         for count in threads:
@@ -154,7 +179,9 @@ def main() -> None:
                 peak = max(before, measured_peak(CPU, precision, size=2048))  # others share the CPU
                 print(f"{count:<8}{step:<10}{precision:<10}{row['tokens_per_second']:>12,.0f}"
                       f"{row['flops_per_second'] / 1e9:>15,.1f}{peak / 1e9:>22,.1f}"
-                      f"{row['flops_per_second'] / peak:>8.1%}{row['updates']:>9}{row['cpu_busy']:>10.0%}",
+                      f"{row['flops_per_second'] / peak:>8.1%}{row['updates']:>9}{row['cpu_busy']:>10.0%}"
+                      f"{row['warmup_seconds']:>11.0f}{row['graphs']:>8}"
+                      + (f" ({row['timed_graphs']} while timed)" if row["timed_graphs"] else ""),
                       flush=True)
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 
