@@ -188,10 +188,9 @@ class Step:
         """Keep each parameter's gradient norm of the last update whose gradients were not finite on
         this rank, on the device: `nonfinite_gradients` names them when the run stops for it, after
         the gradients themselves are gone."""
-        if self.bad_norms is None or self.bad_norms[0] != names:
-            self.bad_norms = (names, torch.where(finite_here, torch.zeros_like(norms), norms))
-        else:
-            self.bad_norms = (names, torch.where(finite_here, self.bad_norms[1], norms))
+        same = self.bad_norms is not None and self.bad_norms[0] == names
+        kept = self.bad_norms[1] if same else torch.zeros_like(norms)
+        self.bad_norms = (names, torch.where(finite_here, kept, norms))
 
     def nonfinite_gradients(self) -> set[str]:
         """The parameters whose gradient held a NaN or an infinity in the last update where any did."""

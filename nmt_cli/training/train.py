@@ -97,7 +97,8 @@ class Trainer:
                                   self.peak * ctx.world_size)
         self.save_due = False
         self.pending: list[tuple[Outcome, int]] = []  # updates run but not yet read from the device
-        self.graphs = compiled_graphs()  # of torch.compile, as last logged
+        # graphs of torch.compile, as last logged (torch._dynamo only imported for a compiled run)
+        self.graphs = compiled_graphs() if cfg.compile else 0
         self.run_start = self.last_save = time.monotonic()
         torch.manual_seed(cfg.seed * 1000 + ctx.rank)  # dropout differs between ranks
 
