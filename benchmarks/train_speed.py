@@ -10,8 +10,10 @@ loss, backward, Adam) in fp32 and bf16, and the model-FLOPs utilisation, counted
 logs it (`nmt_cli/training/flops.py`: the model's matrix products for the real tokens of each
 batch, 3 x the forward's, over the peak). The data is synthetic (random ids,
 sentence lengths like WMT: about 27 tokens), binarized the way `nmt binarize` writes it.
-"warm-up s": the untimed updates first (with --steps compiled, until --warmup updates in a row made
-no new graph: the compiling); "graphs": those torch.compile made for the row.
+"warm-up s": the untimed updates first (with --steps compiled, one batch of each shape class that
+needs its own graph, then until --warmup updates in a row made no new graph: the compiling);
+"graphs": those torch.compile made for the row; "batches": how many of the corpus's batches the row
+cycles through (--batches main: those of the commonest shape class only, the same in every row).
 "CPU busy" is the process's CPU time over wall time x threads: below ~95%, other processes took
 the cores for part of the run, and with 2 threads every parallel operation then waits for its
 descheduled partner, so the numbers say more about the neighbours than about the code.
@@ -46,7 +48,7 @@ from nmt_cli.training import (
     distributed,  # noqa: E402
 )
 from nmt_cli.training.flops import measured_peak, training_flops  # noqa: E402
-from nmt_cli.training.step import compiled_graphs  # noqa: E402
+from nmt_cli.training.step import COMPILED_MULTIPLE, compiled_graphs  # noqa: E402
 from nmt_cli.training.train import Trainer  # noqa: E402
 from nmt_cli.training.trainlog import TrainLog  # noqa: E402
 
@@ -106,12 +108,17 @@ def measure(data: Path, precision: str, step: str, args: argparse.Namespace) -> 
     order = corpus.order_of(split, 1, cfg.seed)
     done = 0
 
-    # compiled: the batches of the fewest and the most padded positions first, and one of a single
-    # sentence: inductor makes a graph for each side of the sizes it specialises on
-    padded = [len(ids) * (int(split.tgt.sizes[ids].max()) + 1) for ids in split.batches]
-    extremes = [int(np.argmin(padded)), int(np.argmax(padded)),
-                next((b for b, ids in enumerate(split.batches) if len(ids) == 1), int(np.argmin(padded)))]
-    order = np.concatenate([extremes, order]) if step == "compiled" else order
+    # Inductor's CPU code specialises on whether batch x source and batch x target positions exceed
+    # 4096 (its `need_use_acc_helper`), and dynamic shapes on a batch of one sentence: a graph for each
+    # class of batch. Compiled, one batch of each class the timed batches have is run first (untimed);
+    # `--batches main` times only the batches of the commonest class, in every row (one graph).
+    classes = np.array([shape_class(split, ids) for ids in split.batches])
+    values, counts = np.unique(classes, return_counts=True)
+    if args.batches == "main":
+        order = order[classes[order] == values[np.argmax(counts)]]
+    firsts = [int(order[np.argmax(classes[order] == c)]) for c in np.unique(classes[order])]
+    firsts = firsts if step == "compiled" else []
+    order = np.concatenate([firsts, order]).astype(np.int64)
 
     def update() -> tuple[int, int, int]:
         nonlocal done
@@ -121,10 +128,11 @@ def measure(data: Path, precision: str, step: str, args: argparse.Namespace) -> 
         done += 1
         return int(split.src_tokens[batch]), int(split.tgt_tokens[batch]), len(ids)
 
-    # Warm-up: `--warmup` updates; compiled, the extremes, then until that many in a row made no new graph
+    # Warm-up: `--warmup` updates; compiled, one batch of each class, then until that many in a row
+    # made no new graph
     first = compiled_graphs()
     warm_start, quiet, graphs = time.perf_counter(), 0, first
-    while quiet < args.warmup or done < len(extremes):
+    while quiet < args.warmup or done < len(firsts):
         update()
         quiet, graphs = (quiet + 1, graphs) if compiled_graphs() == graphs else (0, compiled_graphs())
     warmup_seconds = time.perf_counter() - warm_start
@@ -138,7 +146,15 @@ def measure(data: Path, precision: str, step: str, args: argparse.Namespace) -> 
     return {"tokens_per_second": tgt / seconds, "flops_per_second": flops / seconds,
             "updates": done - timed, "cpu_busy": cpu / (seconds * args.threads),
             "warmup_seconds": warmup_seconds, "graphs": compiled_graphs() - first,
-            "timed_graphs": compiled_graphs() - graphs}
+            "timed_graphs": compiled_graphs() - graphs, "batches": len(order) - len(firsts)}
+
+
+def shape_class(split: corpus.Split, ids: np.ndarray) -> int:
+    """Which of the compiled step's graphs a batch needs (see `measure`): one sentence, batch x
+    source positions > 4096, batch x target positions > 4096, as bits."""
+    S, T = (COMPILED_MULTIPLE * -(-(int(side.sizes[ids].max()) + 1) // COMPILED_MULTIPLE)
+            for side in (split.src, split.tgt))
+    return (len(ids) == 1) * 4 + (len(ids) * S > 4096) * 2 + (len(ids) * T > 4096)
 
 
 def _cpu_seconds() -> float:
@@ -153,6 +169,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed updates first (and compiling)")
     parser.add_argument("--steps", default="eager", help="eager, compiled (`nmt train --compile`) or both, "
                         "comma-separated")
+    parser.add_argument("--batches", choices=("all", "main"), default="all",
+                        help="time every batch, or only those of the commonest shape class (one graph)")
     parser.add_argument("--max-tokens", type=int, default=6144)
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--arch", default="transformer_small")
@@ -166,7 +184,7 @@ def main() -> None:
     print("MFU = model FLOPs of the real tokens (nmt_cli/training/flops.py) / s / matmul peak")
     print(f"{'threads':<8}{'step':<10}{'precision':<10}{'tgt tok/s':>12}{'model GFLOP/s':>15}"
           f"{'matmul peak GFLOP/s':>22}{'MFU':>8}{'updates':>9}{'CPU busy':>10}{'warm-up s':>11}"
-          f"{'graphs':>8}")
+          f"{'graphs':>8}{'batches':>9}")
     with tempfile.TemporaryDirectory() as tmp:
         data = synthetic_corpus(Path(tmp) / "bin", args.vocab, pairs=20000)
         for count in threads:
@@ -180,7 +198,7 @@ def main() -> None:
                 print(f"{count:<8}{step:<10}{precision:<10}{row['tokens_per_second']:>12,.0f}"
                       f"{row['flops_per_second'] / 1e9:>15,.1f}{peak / 1e9:>22,.1f}"
                       f"{row['flops_per_second'] / peak:>8.1%}{row['updates']:>9}{row['cpu_busy']:>10.0%}"
-                      f"{row['warmup_seconds']:>11.0f}{row['graphs']:>8}"
+                      f"{row['warmup_seconds']:>11.0f}{row['graphs']:>8}{row['batches']:>9}"
                       + (f" ({row['timed_graphs']} while timed)" if row["timed_graphs"] else ""),
                       flush=True)
     print(f"load average after: {os.getloadavg()[0]:.1f}")
