@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -279,8 +278,10 @@ def tiny_trained_model(tmp_path_factory: pytest.TempPathFactory, toy_spm) -> Pat
 def why_torch_compile_cannot_run() -> str | None:
     """None where torch.compile works on this machine's CPU (it needs a C++ compiler and headers),
     else why not: the compiled-decoder tests then skip, as a user's `--compile` would fail clearly."""
-    if shutil.which(os.environ.get("CXX", "g++")) is None:
-        return f"torch.compile on the CPU needs a C++ compiler ({os.environ.get('CXX', 'g++')}); none found"
+    from nmt_cli.model.cpu import missing_compiler
+
+    if (compiler := missing_compiler()) is not None:
+        return f"torch.compile on the CPU needs a C++ compiler ({compiler}); none found"
     probe = "import torch; print(torch.compile(lambda x: x.sin() + 1)(torch.ones(3)).sum().item())"
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
     return (None if proc.returncode == 0

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import tiny_trainer, why_torch_compile_cannot_run
+from conftest import assert_user_error, nmt, tiny_trainer, why_torch_compile_cannot_run
 from nmt_cli.config.model import ModelConfig
 from nmt_cli.config.train import LogConfig, OptimConfig
 from nmt_cli.training import train
@@ -166,3 +166,12 @@ def test_compiled_training_follows_eager(train_data: Path, tmp_path: Path) -> No
     eager, compiled = losses(False), losses(True)
     assert 1 <= compiled_graphs() - graphs <= 3
     torch.testing.assert_close(compiled, eager, rtol=5e-3, atol=0)  # bf16 keeps 8 bits: 3.9e-3
+
+
+def test_compile_without_a_compiler_is_a_clear_error(train_data: Path, tmp_path: Path) -> None:
+    """`nmt train --compile` on a CPU with no C++ compiler stops before training, saying what to do
+    (torch itself would fail only once its first graph was traced)."""
+    proc = nmt("train", train_data, "--save-dir", tmp_path / "run", "--arch", "transformer_tiny", "--compile",
+               "--max-update", 2, check=False, env={"CXX": str(tmp_path / "no-such-g++")})
+    assert_user_error(proc, "--compile", "C++ compiler", "no-such-g++", "train without --compile")
+    assert not list((tmp_path / "run").glob("checkpoint*.pt"))

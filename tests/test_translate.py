@@ -209,5 +209,5 @@ def test_compile_without_a_compiler_is_a_clear_error(tiny_trained_model: Path, t
     proc = nmt("translate", tiny_trained_model, "--compile", "--threads", threads, check=False,
                input="red cat\n", env={"CXX": str(tmp_path / "no-such-g++"),
                                        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
-    assert_user_error(proc, "--compile", "C++ compiler", "without --compile")
+    assert_user_error(proc, "--compile", "C++ compiler", "no-such-g++", "translate without --compile")
     assert proc.stdout == ""

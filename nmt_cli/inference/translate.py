@@ -40,7 +40,7 @@ from nmt_cli.inference.replicas import Replicas, describe
 from nmt_cli.inference.search import compile_decoder, keep_freed_memory, translate_ids
 from nmt_cli.inference.trees import TreeConstraint, TreeSymbols, as_tree_line
 from nmt_cli.model import file as model_file
-from nmt_cli.model.cpu import Cpu, slow_bf16_warning, this_cpu
+from nmt_cli.model.cpu import Cpu, missing_compiler, no_compiler_message, slow_bf16_warning, this_cpu
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.progress import ProgressReport
 
@@ -270,6 +270,8 @@ def load_translator(cfg: TranslateConfig, warn: Warn, cpu: Cpu | None = None) ->
     on_cpu_in_bf16 = dtype == torch.bfloat16 and device.type == "cpu"
     if on_cpu_in_bf16 and (message := slow_bf16_warning("--dtype bf16", "--dtype auto", cpu)) is not None:
         warn(message)
+    if cfg.compile and device.type == "cpu" and (compiler := missing_compiler()) is not None:
+        raise NmtError(no_compiler_message(compiler, "translate"))
     loaded = [model_file.load_model_for_text(path, device) for path in cfg.model]
     check_members(list(cfg.model), [d for _, d, _, _ in loaded], [b for _, _, b, _ in loaded])
     model, dictionary, spm_bytes, normalization = loaded[0]

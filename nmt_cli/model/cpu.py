@@ -12,6 +12,9 @@ as fast only if it measured at least `MIN_BF16_SPEEDUP` times fp32's speed. The 
 from __future__ import annotations
 
 import functools
+import os
+import shutil
+import sys
 import time
 from dataclasses import dataclass
 
@@ -90,3 +93,17 @@ def slow_bf16_warning(asked: str, fix: str, cpu: Cpu | None = None) -> str | Non
             "torch runs bf16 matrix products here through a reference kernel, 4-50x slower than fp32; "
             f"use {fix}, which picks fp32 on this CPU")
 
+
+def missing_compiler() -> str | None:
+    """The C++ compiler torch.compile builds its CPU kernels with ($CXX, else g++; clang++ on macOS),
+    when it is not on the PATH, so that `--compile` can say so before any work starts (torch itself
+    says it minutes in, after tracing); None when it is there (or on Windows, left to torch)."""
+    if sys.platform == "win32":
+        return None
+    compiler = os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")
+    return None if shutil.which(compiler) else compiler
+
+
+def no_compiler_message(compiler: str, verb: str) -> str:
+    return (f"--compile on a CPU needs a C++ compiler ({compiler}), and none is on the PATH: install "
+            f"g++ (or name yours in $CXX), or {verb} without --compile")

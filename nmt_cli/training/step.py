@@ -11,9 +11,7 @@ schedule (optim.py).
 from __future__ import annotations
 
 import contextlib
-import os
 import resource
-import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
@@ -25,6 +23,7 @@ from nmt_cli import hooks
 from nmt_cli.config.train import TrainConfig
 from nmt_cli.data.dataset import PAD, UNK, collate
 from nmt_cli.errors import NmtError
+from nmt_cli.model.cpu import missing_compiler, no_compiler_message
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.training import corpus, distributed, guard
 from nmt_cli.training import optim as optim_lib
@@ -54,10 +53,8 @@ def compile_model(model: Transformer, device: torch.device) -> None:
     """Run the model's forward (and so its backward) through torch.compile from now on. Shapes are
     dynamic: after the first batches, a few graphs serve every batch size and length (`compiled_graphs`
     counts them; past dynamo's recompile limit a shape runs eagerly, with torch's warning)."""
-    compiler = os.environ.get("CXX", "g++")
-    if device.type == "cpu" and shutil.which(compiler) is None:
-        raise NmtError(f"--compile on a CPU needs a C++ compiler ({compiler}), and none is on the PATH: "
-                       "install g++ (or set $CXX), or train without --compile")
+    if device.type == "cpu" and (compiler := missing_compiler()) is not None:
+        raise NmtError(no_compiler_message(compiler, "train"))
     # On a CPU, the random numbers of dropout come from torch's generator, drawn as `kernels.Dropout`
     # draws them: 20-25% more tokens/s than inductor's own random numbers (benchmarks/README.md)
     model.compile(dynamic=True, options={"fallback_random": True} if device.type == "cpu" else None)
