@@ -122,14 +122,9 @@ def yaml_layers(path: Path, including: tuple[Path, ...] = ()) -> list[tuple[str,
     return [*yaml_layers(other, (*including, path.resolve())), (str(path), data)]
 
 
-MAX_CONFIG_BYTES = 1 << 20  # a config is a few kB
-
-
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
-        from nmt_cli.artifacts import read_small_text  # here: artifacts imports this module
-
-        text = read_small_text(Path(path), "YAML config", limit=MAX_CONFIG_BYTES)
+        text = _read_bounded(Path(path))
     except FileNotFoundError:
         raise NmtError(f"config file {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -143,6 +138,17 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise NmtError(f"{path} must hold a mapping of option names to values, not {type(data).__name__}")
     return data
+
+
+def _read_bounded(path: Path, limit: int = 1 << 20) -> str:
+    """The text of a config file, refused over `limit` bytes (a config is a few kB; unbounded, a link
+    to /dev/zero would fill the memory)."""
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise NmtError(f"config file {path} is over {limit:,} bytes; this is not a YAML config "
+                       "(a binary file, or a device such as /dev/zero?)")
+    return data.decode("utf-8")
 
 
 def _put_dotted(target: dict[str, Any], key: str, value: Any) -> None:
