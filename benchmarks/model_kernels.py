@@ -2,7 +2,7 @@
 `training/loss.py`, `training/optim.py`, `inference/beams.py`) against torch's own operations, on
 shapes of translation's short sentences.
 
-    python benchmarks/model_kernels.py [--threads 2] [--repeats 50]
+    python benchmarks/model_kernels.py [--threads 2] [--repeats 50] [--groups attention,search,...]
 
 Rows, each against what torch would do without it:
 - attention, forward + backward, bf16, (B, H, T, K) = (80, 4, 32, 64): the two batched products
@@ -17,11 +17,12 @@ Rows, each against what torch would do without it:
   over 8 and 80 cached positions: `kernels.cached_attention` (products and sums, fused by
   inductor) against the compiled `attention` (batched products left to torch), in us a row;
 - the best 8 of 7792 logits of 256 rows, eager, fp32 (a beam of 4 on the Multi30k model):
-  `beams.best_tokens` (`top_k`'s classes and an in-place log-sum-exp) against `log_softmax` +
-  `topk` over whole rows, and `beams.top_k` alone against `topk`;
+  `beams.best_tokens` (`top_k`'s classes and a `log_softmax` written over the logits) against
+  `log_softmax` + `topk` over whole rows, and `beams.top_k` alone against `topk`;
 - the best 4 of 7968 logits of 1200 rows compiled, bf16: `beams.best_tokens`' two stages against
   `log_softmax` + `topk` over whole rows.
-The compiled rows need a C++ compiler; they are left out where torch.compile cannot run.
+The compiled rows need a C++ compiler; they are left out where torch.compile cannot run. `--groups`
+picks some of the groups of rows: attention, dropout, training (loss and Adam), search, compiled.
 """
 
 from __future__ import annotations
@@ -141,16 +142,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--groups", default="attention,dropout,training,search,compiled",
+                        help="the groups of rows to measure, comma-separated")
     args = parser.parse_args()
+    groups = {"attention": attention_rows, "dropout": dropout_rows, "training": training_rows,
+              "search": search_rows, "compiled": compiled_rows}
+    chosen = args.groups.split(",")
+    if unknown := sorted(set(chosen) - set(groups)):
+        parser.error(f"unknown group(s) {', '.join(unknown)}; choose among {', '.join(groups)}")
     torch.set_num_threads(args.threads)
     print(describe())
     print(f"{args.threads} threads; median of {args.repeats} calls; ms unless the row says otherwise")
-    rows = (attention_rows(args.repeats) + dropout_rows(args.repeats) + training_rows(args.repeats)
-            + search_rows(args.repeats))
-    try:
-        rows += compiled_rows(args.repeats)
-    except Exception as error:  # no C++ compiler, or inductor unsupported here: say so, keep the rest
-        print(f"compiled rows left out: torch.compile failed ({type(error).__name__}: {error})")
+    rows = []
+    for name in chosen:
+        try:
+            rows += groups[name](args.repeats)
+        except Exception as error:  # compiled: no C++ compiler, or inductor unsupported here; keep the rest
+            if name != "compiled":
+                raise
+            print(f"compiled rows left out: torch.compile failed ({type(error).__name__}: {error})")
     print(f"| {'what':<52} | {'implementation':<30} | {'time':>9} |")
     print(f"|{'-' * 54}|{'-' * 32}|{'-' * 11}:|")
     in_us = False
