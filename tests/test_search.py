@@ -130,8 +130,9 @@ def hard_logits(vocab: int) -> Tensor:
 
 @pytest.mark.parametrize("vocab", [7968, 7795])
 def test_best_tokens_equal_log_softmax_and_topk(vocab: int) -> None:
-    """The eager path (the log-sum-exp, and `top_k`'s classes with leftover columns when the vocabulary
-    is not a multiple of 8) gives the tokens and log-probabilities of `topk` over `log_softmax`."""
+    """The eager path (the in-place log_softmax, and `top_k`'s classes with leftover columns when the
+    vocabulary is not a multiple of 8) gives the tokens and log-probabilities of `topk` over
+    `log_softmax`."""
     logits = hard_logits(vocab)
     for k in (8, 4, 1):
         values, tokens, eos = whole_row_best(logits, k)

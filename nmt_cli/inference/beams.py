@@ -64,9 +64,9 @@ def best_tokens(logits: Tensor, k: int, normalized: bool = False) -> NextTokens:
     contains; the probabilities are not renormalised without them), and every row's EOS log-probability.
 
     Their log-probabilities are the logits' log_softmax in float32, written over float32 logits on a
-    CPU (one fused pass: a third less time than a log-sum-exp taken in separate passes over the rows,
-    on rows of 8,000), and the top k are found by `top_k` (torch's `topk` over long rows is slow on a
-    CPU). Inside torch.compile on a CPU, for a
+    CPU (one fused pass; with a log-sum-exp in three passes over the rows instead, the whole choice
+    took 20-40% longer on 1200 rows of 7,792: benchmarks/README.md), and the top k are found by
+    `top_k` (torch's `topk` over long rows is slow on a CPU). Inside torch.compile on a CPU, for a
     vocabulary of size G * groups with G a multiple of 8 (see `group_size`), the top k are found in
     two stages: the maximum of each group of G logits (one fused pass over the logits), then the top
     k among the logits of the k groups with the largest maxima, which hold them (a group holding one
