@@ -260,3 +260,25 @@ def test_cpu_attention_equals_torch_sdpa(causal: bool) -> None:
                                             dtype=torch.bool)[:, None, None]
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
     torch.testing.assert_close(attention(q, k, v, mask, causal, 0.0), want, atol=1e-6, rtol=1e-5)
+
+
+def test_relu_compiled_for_training_has_torchs_values_and_gradient() -> None:
+    """`kernels.relu` compiled with gradients (the backward by the output's sign, which keeps inductor
+    from saving a boolean mask): torch's relu and its gradient, bit for bit, zeros included."""
+    from conftest import why_torch_compile_cannot_run
+
+    from nmt_cli.model import kernels
+
+    if (reason := why_torch_compile_cannot_run()) is not None:
+        pytest.skip(reason)
+    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(0))
+    x[0, :4] = 0.0
+    x.requires_grad_(True)
+    grad = torch.randn(64, 32, generator=torch.Generator().manual_seed(1))
+    y = torch.compile(kernels.relu)(x)
+    y.backward(grad)
+    ours, x.grad = x.grad, None
+    expected = torch.nn.functional.relu(x)
+    expected.backward(grad)
+    assert torch.equal(y, expected) and torch.equal(ours, x.grad)
+    assert ours[0, :4].eq(0).all()

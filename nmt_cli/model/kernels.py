@@ -59,6 +59,30 @@ def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None, causal: bool) -
     return torch.softmax(scores.float(), dim=-1)
 
 
+def relu(x: Tensor) -> Tensor:
+    """max(0, x) (section 3.3). Compiled for training on a CPU, its backward multiplies by the sign of
+    its output, which the next layer keeps anyway: with torch's relu, inductor saves a boolean mask
+    for the backward, and its CPU kernels store and load booleans slowly (a feed-forward block of
+    6,144 tokens, 256 -> 1024 -> 256, forward and backward in bf16: 92-123 ms compiled against 52-68
+    eager; 60 ms with this relu)."""
+    if torch.compiler.is_compiling() and x.device.type == "cpu" and x.requires_grad:
+        return _ReluBySign.apply(x)
+    return F.relu(x)
+
+
+class _ReluBySign(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
+        y = x.clamp_min(0)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
+        (y,) = ctx.saved_tensors
+        return grad * torch.sign(y)  # y >= 0: 1 where x > 0, else 0 (torch's relu backward at 0 too)
+
+
 class Dropout(nn.Dropout):
     """Dropout that draws its mask faster on a CPU: four 16-bit random numbers from each 64-bit draw,
     instead of one draw per element. The drop probability is rounded to a multiple of 1/65536 (0.1

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from nmt_cli.config.model import ModelConfig
 from nmt_cli.data.dataset import BOS, EOS, PAD
-from nmt_cli.model.kernels import Dropout, attention, attention_weights, cached_attention
+from nmt_cli.model.kernels import Dropout, attention, attention_weights, cached_attention, relu
 
 # One dict per decoder layer: "memory_k"/"memory_v" over the encoder output (one copy per sentence),
 # "k"/"v" of the self-attention so far (one per row), "k_next"/"v_next" prepared by `reorder`.
@@ -139,7 +139,7 @@ class FeedForward(nn.Module):
             nn.init.zeros_(fc.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.activation_dropout(F.relu(self.fc1(x))))
+        return self.fc2(self.activation_dropout(relu(self.fc1(x))))
 
 
 class Residual(nn.Module):
