@@ -249,6 +249,31 @@ def test_cpu_dropout_drops_at_its_rate_and_keeps_the_expectation() -> None:
     assert torch.equal(layer.eval()(x), x)
 
 
+def test_compiled_cpu_dropout_draws_and_scales_as_the_eager_one() -> None:
+    """Compiled as `nmt train --compile` compiles it (torch's random numbers: `fallback_random`), the
+    CPU dropout, whose kept-mask is then made without a boolean, drops the same values with the same
+    seed and passes the same gradient, in fp32 and bf16."""
+    from conftest import why_torch_compile_cannot_run
+    from nmt_cli.model.kernels import Dropout
+
+    if (reason := why_torch_compile_cannot_run()) is not None:
+        pytest.skip(reason)
+    layer = Dropout(0.1)
+    compiled = torch.compile(layer, dynamic=False, options={"fallback_random": True})
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(8, 16, 32, generator=torch.Generator().manual_seed(2)).to(dtype).requires_grad_(True)
+        outputs, grads = [], []
+        for run in (compiled, layer):
+            torch.manual_seed(5)
+            y = run(x)
+            y.backward(torch.full_like(y, 3.0))
+            outputs.append(y)
+            grads.append(x.grad)
+            x.grad = None
+        assert torch.equal(outputs[0], outputs[1]) and torch.equal(grads[0], grads[1])
+        assert 0.05 < (outputs[1] == 0).float().mean().item() < 0.15
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_cpu_attention_equals_torch_sdpa(causal: bool) -> None:
     """The CPU's explicit softmax(QK^T/sqrt(K))V gives what scaled_dot_product_attention gives."""
@@ -266,7 +291,6 @@ def test_relu_compiled_for_training_has_torchs_values_and_gradient() -> None:
     """`kernels.relu` compiled with gradients (the backward by the output's sign, which keeps inductor
     from saving a boolean mask): torch's relu and its gradient, bit for bit, zeros included."""
     from conftest import why_torch_compile_cannot_run
-
     from nmt_cli.model import kernels
 
     if (reason := why_torch_compile_cannot_run()) is not None:
