@@ -251,8 +251,8 @@ def test_cpu_dropout_drops_at_its_rate_and_keeps_the_expectation() -> None:
 
 def test_compiled_cpu_dropout_draws_and_scales_as_the_eager_one() -> None:
     """Compiled as `nmt train --compile` compiles it (torch's random numbers: `fallback_random`), the
-    CPU dropout, whose kept-mask is then made without a boolean, drops the same values with the same
-    seed and passes the same gradient, in fp32 and bf16."""
+    CPU dropout drops the same values with the same seed and passes the same gradient, in fp32 and
+    bf16."""
     from conftest import why_torch_compile_cannot_run
     from nmt_cli.model.kernels import Dropout
 

@@ -96,11 +96,5 @@ class Dropout(nn.Dropout):
         drop_below = round(self.p * 65536)  # draws in [0, drop_below) of [0, 65536) are dropped
         n = x.numel()
         bits = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=x.device)
-        draws = bits.view(torch.int16)[:n].view(x.shape)
-        if torch.compiler.is_compiling():  # 0 or 1 without a boolean, which inductor's CPU kernels store
-            # and load slowly (see `relu`): a compiled bf16 dropout forward and backward of 1.6M values
-            # took 10.0 ms this way, 19.6 ms with the comparison
-            keep = (draws.to(torch.int32) - (drop_below - 32768 - 1)).clamp(0, 1)
-        else:  # a boolean: the smallest mask for the backward to keep
-            keep = draws >= drop_below - 32768
+        keep = bits.view(torch.int16)[:n].view(x.shape) >= drop_below - 32768
         return x * keep * (65536 / (65536 - drop_below))  # scaled in float32 then rounded, as torch does
