@@ -33,9 +33,10 @@ from machine import describe
 
 from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.inference.replicas import Replicas
-from nmt_cli.inference.search import keep_freed_memory, translate_ids
+from nmt_cli.inference.search import translate_ids
 from nmt_cli.inference.translate import Translator
 from nmt_cli.model import file as model_file
+from nmt_cli.model.cpu import keep_freed_memory
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "wmt14-newstest2014" / "en-de"
 

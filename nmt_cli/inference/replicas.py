@@ -25,8 +25,9 @@ import torch
 from torch import Tensor
 
 from nmt_cli.config.inference import TranslateConfig
-from nmt_cli.inference.search import Hypothesis, beam_search, compile_decoder, keep_freed_memory
+from nmt_cli.inference.search import Hypothesis, beam_search, compile_decoder
 from nmt_cli.model import file as model_file
+from nmt_cli.model.cpu import keep_freed_memory
 
 # seconds the processes wait for each other to start and compile: a cold compile takes ~1 min
 _STARTED = 30 * 60

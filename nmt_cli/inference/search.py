@@ -38,7 +38,6 @@ forward pass at every step; tests compare the two.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import itertools
 import math
@@ -355,20 +354,6 @@ def translate_ids(model: Transformer, sources: Sequence[Sequence[int]], cfg: Tra
                 if (batch := next(batches, None)) is not None:
                     running[submit(batch)] = batch
     return results
-
-
-def keep_freed_memory() -> None:
-    """Make glibc's malloc keep and reuse freed memory instead of handing every large block back to
-    the system: a decoding step allocates and frees tensors of many MB, and each fresh page from the
-    system costs a page fault, and the cache reorders ran several times slower. Memory still peaks where use
-    peaks. Linux/glibc only; elsewhere nothing changes."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    m_trim_threshold, m_mmap_max = -1, -4  # mallopt parameters of glibc's malloc.h
-    libc.mallopt(m_mmap_max, 0)
-    libc.mallopt(m_trim_threshold, 1 << 30)
 
 
 SMALLEST_SHARED_BATCH = 3072  # padded source tokens: smaller batches cost more than a worker waiting

@@ -37,10 +37,17 @@ from nmt_cli.errors import NmtError
 from nmt_cli.inference import ct2
 from nmt_cli.inference.ensemble import Ensemble, check_members
 from nmt_cli.inference.replicas import Replicas, describe
-from nmt_cli.inference.search import compile_decoder, keep_freed_memory, translate_ids
+from nmt_cli.inference.search import compile_decoder, translate_ids
 from nmt_cli.inference.trees import TreeConstraint, TreeSymbols, as_tree_line
 from nmt_cli.model import file as model_file
-from nmt_cli.model.cpu import Cpu, missing_compiler, no_compiler_message, slow_bf16_warning, this_cpu
+from nmt_cli.model.cpu import (
+    Cpu,
+    keep_freed_memory,
+    missing_compiler,
+    no_compiler_message,
+    slow_bf16_warning,
+    this_cpu,
+)
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.progress import ProgressReport
 

@@ -23,7 +23,7 @@ from nmt_cli import hooks
 from nmt_cli.config.train import TrainConfig
 from nmt_cli.data.dataset import PAD, UNK, collate
 from nmt_cli.errors import NmtError
-from nmt_cli.model.cpu import missing_compiler, no_compiler_message
+from nmt_cli.model.cpu import keep_freed_memory, missing_compiler, no_compiler_message
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.training import corpus, distributed, guard
 from nmt_cli.training import optim as optim_lib
@@ -118,6 +118,8 @@ class Step:
     def __init__(self, cfg: TrainConfig, ctx: distributed.Context, data: corpus.Corpus) -> None:
         self.cfg, self.ctx, self.train = cfg, ctx, data.train
         self.precision = distributed.resolve_precision(cfg, ctx.device)
+        if ctx.device.type == "cpu":  # an update allocates and frees tens of MB (`keep_freed_memory`)
+            keep_freed_memory()
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.model = Transformer(cfg.model, len(data.dictionary)).to(ctx.device)
         self.ddp = distributed.wrap(self.model, ctx)
