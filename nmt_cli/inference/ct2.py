@@ -35,9 +35,6 @@ from nmt_cli.model import file as model_file
 from nmt_cli.model.transformer import Transformer
 
 FORMAT = "nmt-ctranslate2/1"
-# On the CPU, a search's tokens go to CTranslate2 in batches of 1 / (this x workers) of them (but at
-# least search.SMALLEST_SHARED_BATCH), searched in parallel: on 2 threads, 8 measured faster than 2 or 4
-SHARES_PER_WORKER = 8
 Warn = Callable[[str], None]
 # What `Translator` runs instead of nmt's search: source ids (each ending in EOS) -> each one's n-best
 Search = Callable[[Sequence[Sequence[int]], Callable[[int], None] | None], list[list[Hypothesis]]]
@@ -196,11 +193,9 @@ class Engine:
         cfg, symbols = self.cfg, self.dictionary.symbols
         limits = [int(cfg.max_len_a * (len(s) - 1) + cfg.max_len_b) for s in sources]
         longest = min(max(limits), self.model.cfg.max_positions - 1) + 1  # with EOS
-        # batches small enough that every worker gets some (CTranslate2 searches them in parallel)
-        batch_tokens = cfg.max_tokens
-        if self.workers > 1:
-            share = sum(map(len, sources)) // (SHARES_PER_WORKER * self.workers)
-            batch_tokens = min(cfg.max_tokens, max(share, SMALLEST_SHARED_BATCH))
+        # On several CPU threads, batches of SMALLEST_SHARED_BATCH tokens, which CTranslate2 searches in
+        # parallel: on 2 threads, faster than halves or quarters of 15,000 tokens (benchmarks/README.md)
+        batch_tokens = cfg.max_tokens if self.workers == 1 else min(cfg.max_tokens, SMALLEST_SHARED_BATCH)
         found = self.engine.translate_batch(
             [["<blank>" if i == 0 else symbols[i] for i in s] for s in sources], beam_size=cfg.beam,
             num_hypotheses=cfg.nbest, length_penalty=cfg.lenpen, max_decoding_length=longest,
