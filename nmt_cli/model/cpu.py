@@ -7,6 +7,7 @@ project's reference CPU, where bf16 is the faster). So where the flags are there
 of a Transformer layer's shape is timed in both precisions (tens of milliseconds), and bf16 counts
 as fast only if it measured at least `MIN_BF16_SPEEDUP` times fp32's speed. The detection is a value
 (`Cpu`) that callers may be given, so that tests can ask what happens on a CPU they do not run on.
+Also `keep_freed_memory`, which training and translation on a CPU call.
 """
 
 from __future__ import annotations
