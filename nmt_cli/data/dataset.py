@@ -229,12 +229,18 @@ def batch_by_size(indices: np.ndarray, src_sizes: np.ndarray, tgt_sizes: np.ndar
                   max_tokens: int) -> list[np.ndarray]:
     """Group `indices` into batches of similar length whose padded size fits `max_tokens`.
 
-    Examples are sorted by (target, source) length and packed greedily; a batch's cost is
-    ``len(batch) * max(longest source, longest target)``, padding included, as a device sees it.
+    Examples are sorted by the longer of their two sides, then by both together, and packed
+    greedily; a batch's cost is ``len(batch) * max(longest source, longest target)``, padding
+    included, as a device sees it. Sorted by that cost's own measure, the examples of a batch are
+    all about as wide as its widest, so the budget holds more of them and less padding. (Sorted by
+    (target, source) length, as fairseq does, a batch's targets were alike and its sources not: on
+    WMT-like lengths, 3/4 of the padded source positions were real and a transformer_small update
+    on 2 CPU cores trained 20% fewer tokens a second; benchmarks/README.md.)
     Sizes are what the model sees (EOS included). The caller leaves out examples that do not fit
     the budget or the model on their own.
     """
-    order = indices[np.lexsort((src_sizes[indices], tgt_sizes[indices]))]
+    src, tgt = src_sizes[indices], tgt_sizes[indices]
+    order = indices[np.lexsort((src + tgt, np.maximum(src, tgt)))]
     width = np.maximum(src_sizes[order], tgt_sizes[order])
     batches, start, longest = [], 0, 0
     for i, w in enumerate(width.tolist()):
