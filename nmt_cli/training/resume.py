@@ -103,14 +103,15 @@ def apply_resume(step: Step, c: Counters, data: Corpus, state: dict[str, Any]) -
 
 
 def _same_place(c: Counters, data: Corpus, train: dict[str, Any]) -> list[str]:
-    """Another number of devices may pack the batches under another budget (corpus.plan_train): the
-    epoch then goes on from the same share of its batches."""
+    """Another number of devices may pack the batches under another budget (corpus.plan_train), and
+    an nmt before d500be5 sorted them otherwise (`dataset.batch_by_size`): the epoch then goes on from
+    the same share of its batches."""
     before, now = train.get("batches_per_epoch", len(data.train.batches)), len(data.train.batches)
     if before == now:
         return []
     c.epoch_batches_done = min(round(c.epoch_batches_done * now / before), now)
-    return [f"the epoch now has {now} batches instead of {before} (another number of devices packs smaller "
-            f"or larger micro-batches): it goes on from batch {c.epoch_batches_done}, the same share of it"]
+    return [f"the epoch now has {now} batches instead of {before} (another number of devices, or an older "
+            f"nmt, packs them otherwise): it goes on from batch {c.epoch_batches_done}, the same share of it"]
 
 
 def rng_state(device: torch.device) -> dict[str, Tensor | None]:
