@@ -240,8 +240,9 @@ def batch_by_size(indices: np.ndarray, src_sizes: np.ndarray, tgt_sizes: np.ndar
     the budget or the model on their own.
     """
     src, tgt = src_sizes[indices], tgt_sizes[indices]
-    order = indices[np.lexsort((src + tgt, np.maximum(src, tgt)))]
-    width = np.maximum(src_sizes[order], tgt_sizes[order])
+    wide = np.maximum(src, tgt)
+    sort = np.lexsort((src + tgt, wide))
+    order, width = indices[sort], wide[sort]
     batches, start, longest = [], 0, 0
     for i, w in enumerate(width.tolist()):
         longest = max(longest, w)

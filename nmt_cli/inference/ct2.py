@@ -30,7 +30,7 @@ from nmt_cli.config.convert import Ctranslate2ExportConfig
 from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.data.dataset import Dictionary
 from nmt_cli.errors import NmtError
-from nmt_cli.inference.search import SMALLEST_SHARED_BATCH, Hypothesis
+from nmt_cli.inference.search import SMALLEST_SHARED_BATCH, Hypothesis, cpu_workers
 from nmt_cli.model import file as model_file
 from nmt_cli.model.transformer import Transformer
 
@@ -182,7 +182,7 @@ class Engine:
         # On the CPU, as nmt's own search does: `threads` batches at once, each on one thread
         # (CTranslate2's inter_threads), which decoded faster than `threads` threads inside each batch
         # (benchmarks/README.md)
-        self.workers = 1 if cuda else cfg.threads if cfg.threads > 0 else torch.get_num_threads()
+        self.workers = 1 if cuda else cpu_workers(cfg.threads)
         self.engine = ct2.Translator(str(folder), device="cuda" if cuda else "cpu",
                                      intra_threads=cfg.threads if cuda else 1, inter_threads=self.workers)
 

@@ -359,6 +359,11 @@ def translate_ids(model: Transformer, sources: Sequence[Sequence[int]], cfg: Tra
 SMALLEST_SHARED_BATCH = 3072  # padded source tokens: smaller batches cost more than a worker waiting
 
 
+def cpu_workers(threads: int) -> int:
+    """How many batches a CPU searches at once, each on one thread: `--threads` (0: one per core)."""
+    return threads if threads > 0 else torch.get_num_threads()
+
+
 def _batches(sizes: np.ndarray, max_tokens: int, workers: int) -> Iterator[np.ndarray]:
     """Indices of `sizes` in batches, longest first, each of at most `max_tokens` padded tokens (a
     longer sentence alone). For several workers, each batch holds at most 1 / workers of the tokens

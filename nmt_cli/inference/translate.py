@@ -37,7 +37,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.inference import ct2
 from nmt_cli.inference.ensemble import Ensemble, check_members
 from nmt_cli.inference.replicas import Replicas, describe
-from nmt_cli.inference.search import compile_decoder, translate_ids
+from nmt_cli.inference.search import compile_decoder, cpu_workers, translate_ids
 from nmt_cli.inference.trees import TreeConstraint, TreeSymbols, as_tree_line
 from nmt_cli.model import file as model_file
 from nmt_cli.model.cpu import (
@@ -270,7 +270,7 @@ def load_translator(cfg: TranslateConfig, warn: Warn, cpu: Cpu | None = None) ->
     workers = 1
     if device.type == "cpu":
         keep_freed_memory()
-        workers = cfg.threads if cfg.threads > 0 else torch.get_num_threads()
+        workers = cpu_workers(cfg.threads)
         torch.set_num_threads(1)
     elif cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
