@@ -287,6 +287,23 @@ def test_cpu_attention_equals_torch_sdpa(causal: bool) -> None:
     torch.testing.assert_close(attention(q, k, v, mask, causal, 0.0), want, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("length", [1, 5, 15, 16, 40])
+def test_cpu_softmax_equals_torchs_on_short_and_long_rows(length: int) -> None:
+    """`kernels.softmax` (elementwise below 16 entries a row on the CPU) gives torch's softmax, masked
+    entries exactly 0, and keeps torch's gradient where one is asked for."""
+    from nmt_cli.model.kernels import softmax
+
+    scores = torch.randn(6, 3, length, generator=torch.Generator().manual_seed(5)) * 4
+    scores[0, :, 1:] = float("-inf")
+    want = torch.softmax(scores, dim=-1)
+    got = softmax(scores.clone())
+    torch.testing.assert_close(got, want, atol=1e-7, rtol=1e-6)
+    assert bool((got[0, :, 1:] == 0).all()) and bool((got[0, :, 0] == 1).all())
+    leaf = scores[1:].clone().requires_grad_()
+    softmax(leaf)[..., 0].sum().backward()
+    assert leaf.grad is not None and bool(torch.isfinite(leaf.grad).all())
+
+
 def test_relu_compiled_for_training_has_torchs_values_and_gradient() -> None:
     """`kernels.relu` compiled with gradients (the backward by the output's sign, which keeps inductor
     from saving a boolean mask): torch's relu and its gradient, bit for bit, zeros included."""

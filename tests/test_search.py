@@ -295,7 +295,8 @@ def test_the_paper_beam_drops_only_hypotheses_that_cannot_enter_the_nbest() -> N
     for source, hyps in zip(sources, found, strict=True):
         expected = reference_search(model, source, **settings)
         assert [h.tokens for h in hyps] == [h.tokens for h in expected]
-        assert [h.score for h in hyps] == pytest.approx([h.score for h in expected], abs=1e-5)
+        # as the tests above: the cached and the full passes round differently
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in expected], abs=1e-4)
 
 
 def greedy(model: Transformer, source: list[int], max_len: int) -> list[int]:
