@@ -1,6 +1,7 @@
 """How much faster a decoding step runs in bf16 than in fp32, by model width, on this CPU: the measure
-behind `nmt translate --dtype auto` (`inference/translate._cpu_auto_dtype`: bf16 only for models of
-d_model >= 256, on CPUs with fast bf16).
+behind `nmt translate --dtype auto` (`inference/translate.auto_cpu_dtype`: bf16 on CPUs with fast
+bf16, at every width). The defaults are a batch of the size `nmt translate` searches on 2 threads
+(3,200 source tokens); `--sentences 16` shows the small batches where per-operation costs weigh more.
 
     python benchmarks/decode_precision.py [--archs transformer_tiny,transformer_small,transformer_base]
 
@@ -44,9 +45,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--archs", default="transformer_tiny,transformer_small,transformer_base")
     parser.add_argument("--vocab", type=int, default=8000)
-    parser.add_argument("--sentences", type=int, default=16)
-    parser.add_argument("--length", type=int, default=24)
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--sentences", type=int, default=200)
+    parser.add_argument("--length", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)

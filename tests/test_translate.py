@@ -58,7 +58,7 @@ def test_file_output_is_in_input_order(tiny_trained_model: Path, tmp_path: Path)
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "out.txt"
     nmt("translate", tiny_trained_model, "-i", src, "-o", out, "--max-tokens", 40, "--set", "chunk_lines=16",
-        "--threads", 2)  # two batches searched at once
+        "--threads", 2, "--dtype", "fp32")  # two batches searched at once, in the precision of `load`
     got = out.read_text(encoding="utf-8").split("\n")
     assert got[-1] == "" and len(got) - 1 == len(lines)
     translator = load(tiny_trained_model)
@@ -176,9 +176,11 @@ def test_compiled_decoder_translates_as_the_eager_one(tiny_trained_model: Path, 
     src = tmp_path / "in.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     eager, compiled = tmp_path / "eager.txt", tmp_path / "compiled.txt"
-    nmt("translate", tiny_trained_model, "-i", src, "-o", eager, "--beam", 4, "--max-tokens", 60)
+    nmt("translate", tiny_trained_model, "-i", src, "-o", eager, "--beam", 4, "--max-tokens", 60,
+        "--dtype", "fp32")
     proc = nmt("translate", tiny_trained_model, "-i", src, "-o", compiled, "--beam", 4, "--max-tokens", 60,
-               "--compile", "--threads", 2, env={"TORCHINDUCTOR_CACHE_DIR": str(inductor_cache)})
+               "--dtype", "fp32", "--compile", "--threads", 2,
+               env={"TORCHINDUCTOR_CACHE_DIR": str(inductor_cache)})
     assert "compiling the decoder" in proc.stderr and "recompile_limit" not in proc.stderr
     assert compiled.read_text(encoding="utf-8") == eager.read_text(encoding="utf-8")
     assert len(set(eager.read_text(encoding="utf-8").splitlines())) > 20  # real, differing translations

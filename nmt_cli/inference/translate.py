@@ -56,7 +56,6 @@ from nmt_cli.progress import ProgressReport
 _CONTROL = {c: " " for c in [*range(0x20), 0x7F, *range(0x80, 0xA0), 0x2028, 0x2029]}
 
 Warn = Callable[[str], None]
-MIN_BF16_D_MODEL = 256  # `--dtype auto` on a CPU with fast bf16: narrower models decode in fp32
 
 
 def clean_line(raw: bytes, number: int, warn: Warn) -> str:
@@ -224,7 +223,7 @@ def _device_and_dtype(cfg: TranslateConfig) -> tuple[torch.device, torch.dtype]:
         case _:
             device = torch.device("cpu")
     match cfg.dtype:
-        case "auto":  # on the CPU decided once the model is loaded (`_cpu_auto_dtype`)
+        case "auto":  # on the CPU decided once the model is loaded (`auto_cpu_dtype`)
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         case "bf16":
             dtype = torch.bfloat16
@@ -287,7 +286,7 @@ def load_translator(cfg: TranslateConfig, warn: Warn, cpu: Cpu | None = None) ->
     sp = sentencepiece_processor(spm_bytes, f"the sentencepiece model inside {cfg.model[0]}",
                                  "the file is damaged or was not written by nmt")
     if cfg.dtype == "auto" and device.type == "cpu":
-        dtype = _cpu_auto_dtype(model, cpu or this_cpu())
+        dtype = auto_cpu_dtype(cpu or this_cpu())
     model = model.to(dtype)
     replicas = None
     if cfg.compile:
@@ -306,15 +305,13 @@ def load_translator(cfg: TranslateConfig, warn: Warn, cpu: Cpu | None = None) ->
                       normalization=normalization if cfg.normalize == "model" else None)
 
 
-def _cpu_auto_dtype(model: Transformer, cpu: Cpu) -> torch.dtype:
+def auto_cpu_dtype(cpu: Cpu) -> torch.dtype:
     """`--dtype auto` on the CPU: bf16 where the CPU has fast bf16 matrix products (`Cpu.fast_bf16`:
-    its flags, and a product measured faster) and the model's layers are wide enough for bf16 to pay
-    in a decoding step (d_model >= MIN_BF16_D_MODEL), else fp32. BLEU is the same either way
-    (within 0.2: benchmarks/README.md's table); the speed is not: `benchmarks/decode_precision.py`
-    measured a decoding step of transformer_tiny (d_model 128) about as fast in bf16 as in fp32,
-    and of transformer_small and base about 1.7x as fast, on a CPU with AMX."""
-    wide = model.cfg.d_model >= MIN_BF16_D_MODEL
-    return torch.bfloat16 if cpu.fast_bf16 and wide else torch.float32
+    its flags, and a product measured faster), else fp32. BLEU is the same either way (within 0.2:
+    benchmarks/README.md's table); on such CPUs a beam search in bf16 ran 1.1-1.5x as fast as in
+    fp32 at every width measured, transformer_tiny's included, on batches of the size `nmt
+    translate` makes (`benchmarks/decode_precision.py`)."""
+    return torch.bfloat16 if cpu.fast_bf16 else torch.float32
 
 
 def _worker_died(doing: str) -> str:
