@@ -16,10 +16,12 @@ Rows, each against what torch would do without it:
 - incremental decoding's self-attention compiled, bf16, 240 rows (8 heads of 64) of one query
   over 8 and 80 cached positions: `kernels.cached_attention` (products and sums, fused by
   inductor) against the compiled `attention` (batched products left to torch), in us a row;
-- the best 8 of 7792 logits of 1200 rows, eager, fp32 (a beam of 4 over 300 sentences of the
-  Multi30k model), each call on a fresh copy (`best_tokens` overwrites its input):
-  `beams.best_tokens` (`top_k`'s classes and a `log_softmax` written over the logits) against
-  `log_softmax` + `topk` over whole rows, and `beams.top_k` alone against `topk`;
+- the best 8 of 7792 logits of 1200 rows, eager, fp32 and bf16 (a beam of 4 over 300 sentences of
+  the Multi30k model), each call on a fresh copy (`best_tokens` overwrites its input):
+  `beams.best_tokens` by the search's C kernel (`inference/native.py`, where it can be built) and by
+  torch (`top_k`'s classes and a `log_softmax` written over the logits) against `log_softmax` +
+  `topk` over whole rows, and `beams.top_k` alone against `topk`;
+- the softmax of cached self-attention's rows of 12 positions: `kernels.softmax` against torch's;
 - the best 4 of 7968 logits of 1200 rows compiled, bf16: `beams.best_tokens`' two stages against
   `log_softmax` + `topk` over whole rows.
 The compiled rows need a C++ compiler; they are left out where torch.compile cannot run. `--groups`
@@ -32,6 +34,7 @@ import argparse
 import functools
 import time
 from collections.abc import Callable
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +42,7 @@ from machine import describe
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nmt_cli.config.train import OptimConfig
-from nmt_cli.inference import beams
+from nmt_cli.inference import beams, native
 from nmt_cli.model import kernels
 from nmt_cli.training import loss, optim
 
@@ -105,12 +108,30 @@ def training_rows(repeats: int) -> list[tuple[str, str, float]]:
 
 
 def search_rows(repeats: int) -> list[tuple[str, str, float]]:
-    logits = torch.randn(1200, 7792, generator=torch.Generator().manual_seed(0)) * 3
-    return [("best 8 of 7792 logits, 1200 rows, fp32", "beams.best_tokens",
-             timed(lambda x: beams.best_tokens(x, 8), repeats, setup=logits.clone)),
-            ("", "log_softmax + topk", timed(lambda: torch.log_softmax(logits, -1).topk(8, -1), repeats)),
-            ("", "beams.top_k", timed(lambda: beams.top_k(logits, 8), repeats)),
-            ("", "topk", timed(lambda: logits.topk(8, -1), repeats))]
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        logits = (torch.randn(1200, 7792, generator=g) * 3).to(dtype)
+        what = f"best 8 of 7792 logits, 1200 rows, {name}"
+        if native.library() is not None:
+            rows.append((what, "beams.best_tokens (C kernel)",
+                         timed(lambda x: beams.best_tokens(x, 8), repeats, setup=logits.clone)))
+            what = ""
+        else:
+            print(f"the C kernel's rows left out: {native.why_not()}")
+        with mock.patch.object(native, "library", lambda: None):
+            rows.append((what, "beams.best_tokens (torch)",
+                         timed(lambda x: beams.best_tokens(x, 8), repeats, setup=logits.clone)))
+        rows.append(("", "log_softmax + topk",
+                     timed(lambda x=logits: torch.log_softmax(x.float(), -1).topk(8, -1), repeats)))
+        if dtype == torch.float32:
+            rows.append(("", "beams.top_k", timed(lambda x=logits: beams.top_k(x, 8), repeats)))
+            rows.append(("", "topk", timed(lambda x=logits: x.topk(8, -1), repeats)))
+    scores = torch.randn(800, 4, 1, 12, generator=g)  # one query of 4 heads over 12 cached positions
+    rows.append(("softmax of 3200 rows of 12 (cached self-attention)", "kernels.softmax",
+                 timed(lambda: kernels.softmax(scores), repeats)))
+    rows.append(("", "torch.softmax", timed(lambda: torch.softmax(scores, -1), repeats)))
+    return rows
 
 
 def compiled_rows(repeats: int) -> list[tuple[str, str, float]]:

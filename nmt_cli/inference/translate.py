@@ -34,7 +34,7 @@ from nmt_cli.data.bpe import sentencepiece_processor
 from nmt_cli.data.clean import Normalization
 from nmt_cli.data.dataset import EOS, Dictionary
 from nmt_cli.errors import NmtError
-from nmt_cli.inference import ct2
+from nmt_cli.inference import ct2, native
 from nmt_cli.inference.ensemble import Ensemble, check_members
 from nmt_cli.inference.replicas import Replicas, describe
 from nmt_cli.inference.search import compile_decoder, cpu_workers, translate_ids
@@ -288,6 +288,10 @@ def load_translator(cfg: TranslateConfig, warn: Warn, cpu: Cpu | None = None) ->
     if cfg.dtype == "auto" and device.type == "cpu":
         dtype = auto_cpu_dtype(cpu or this_cpu())
     model = model.to(dtype)
+    without_kernel = device.type == "cpu" and not cfg.compile and native.library() is None
+    if without_kernel and (why := native.why_not()) != "NMT_NATIVE=0":
+        warn(f"the search's C kernel is not available ({why}); the search picks its best tokens in "
+             "torch instead, more slowly")
     replicas = None
     if cfg.compile:
         try:

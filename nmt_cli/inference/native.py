@@ -1,0 +1,102 @@
+"""The search's C kernel (`native.c`), compiled for this machine on first use and loaded with ctypes.
+
+It is built by the system's C compiler ($CC, else cc or gcc) with the machine's own instructions
+(-march=native) into `$XDG_CACHE_HOME/nmt` (default ~/.cache/nmt), once: the file's name holds a
+hash of the source, the flags, the compiler and this CPU's instruction flags, so a home folder shared
+by different machines never loads another machine's build. Where it cannot be built (no compiler,
+a failed build, a read-only cache) or `NMT_NATIVE=0` is set, `library()` is None and the callers
+run the same computation in torch, slower (`why_not()` says why). ctypes releases the GIL for the
+call, so the searches of several threads run it at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+SOURCE = Path(__file__).with_name("native.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC")
+BUILD_SECONDS = 120  # a build that takes longer (a machine under load) is abandoned
+
+_why_not: list[str] = []
+
+
+def why_not() -> str | None:
+    """Why `library()` is None (None when it is loaded, or not yet asked for)."""
+    return _why_not[0] if _why_not else None
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled kernel, built on the first call of the process (a fraction of a second) unless a
+    build for this machine is cached; None where it cannot be had (see the module docstring)."""
+    _why_not.clear()
+    if os.environ.get("NMT_NATIVE") == "0":
+        return _without("NMT_NATIVE=0")
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler or not shutil.which(compiler):
+        return _without("no C compiler on the PATH (cc, gcc, or $CC)")
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), compiler.encode(),
+                                     platform.machine().encode(), _cpu_flags()])).hexdigest()[:16]
+    folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nmt"
+    path = folder / f"native-{key}.so"
+    if not path.exists():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=folder) as scratch:  # built aside, then moved in whole
+                built = Path(scratch) / path.name
+                subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], check=True,
+                               capture_output=True, timeout=BUILD_SECONDS)
+                os.replace(built, path)
+        except (OSError, subprocess.SubprocessError) as e:
+            detail = e.stderr.decode(errors="replace").strip()[-300:] if getattr(e, "stderr", None) else e
+            return _without(f"building {SOURCE.name} with {compiler} failed: {detail}")
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        return _without(f"loading {path} failed: {e}")
+    lib.nmt_best_tokens.restype = ctypes.c_int
+    lib.nmt_best_tokens.argtypes = [ctypes.c_void_p, ctypes.c_int, *[ctypes.c_int64] * 6,
+                                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    return lib
+
+
+def _without(reason: str) -> None:
+    _why_not[:] = [reason]
+    return None
+
+
+def _cpu_flags() -> bytes:
+    try:
+        with open("/proc/cpuinfo", "rb") as f:
+            return next((line for line in f.read(1 << 20).splitlines() if line.startswith(b"flags")), b"")
+    except OSError:
+        return b""
+
+
+def best_tokens(logits: Tensor, k: int, pad: int, bos: int, eos: int) -> tuple[Tensor, Tensor, Tensor] | None:
+    """`beams.best_tokens` of float32 or bf16 CPU logits (N, V) by the kernel: the k best log-probabilities
+    (N, k) float32 and their tokens (N, k) other than `pad` and `bos`, best first, and EOS's log-probability
+    (N,); None where the kernel is not there or does not take these logits."""
+    lib = library()
+    if lib is None or logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    logits = logits.contiguous()
+    N, V = logits.shape
+    k = min(k, V)
+    top, tokens, eos_log_prob = torch.empty(N, k), torch.empty(N, k, dtype=torch.long), torch.empty(N)
+    if lib.nmt_best_tokens(logits.data_ptr(), int(logits.dtype == torch.bfloat16), N, V, k, pad, bos, eos,
+                           top.data_ptr(), tokens.data_ptr(), eos_log_prob.data_ptr()) != 0:
+        raise MemoryError("the search's kernel could not allocate its buffers")
+    return top, tokens, eos_log_prob

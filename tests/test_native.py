@@ -1,0 +1,109 @@
+"""The search's C kernel (`inference/native.py`): it gives what torch's path gives, and where it
+cannot be built the search runs torch's path and says why."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from test_search import hard_logits, whole_row_best
+
+from conftest import nmt, toy_sentences
+from nmt_cli.data.dataset import BOS, EOS, PAD
+from nmt_cli.inference import native
+from nmt_cli.inference.beams import best_tokens
+
+
+@pytest.fixture
+def kernel() -> None:
+    if native.library() is None:
+        pytest.skip(f"the search's C kernel is not available here: {native.why_not()}")
+
+
+def torch_path(logits: torch.Tensor, k: int):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(native, "library", lambda: None)
+        return best_tokens(logits.clone(), k)
+
+
+@pytest.mark.parametrize("vocab", [7968, 7795, 70])
+def test_kernel_equals_log_softmax_and_topk(kernel, vocab: int) -> None:
+    """float32 logits: the tokens `topk` over `log_softmax` gives (PAD and BOS never, even when the most
+    probable; the best k in one block or at the end of the row), their log-probabilities and EOS's
+    to float32 rounding, as the torch path gives them."""
+    logits = hard_logits(vocab) if vocab > 5004 else torch.randn(50, vocab) * 3
+    for k in (8, 4, 1):
+        values, tokens, eos = whole_row_best(logits, k)
+        found = best_tokens(logits.clone(), k)
+        assert torch.equal(found.tokens, tokens)
+        torch.testing.assert_close(found.log_probs, values, atol=2e-6, rtol=1e-6)
+        torch.testing.assert_close(found.eos, eos, atol=2e-6, rtol=1e-6)
+        assert torch.equal(torch_path(logits, k).tokens, tokens)
+
+
+def test_kernel_on_bf16_and_masked_rows(kernel) -> None:
+    """bf16 logits (many equal values: any of equal logits may be chosen, best first) give the
+    log-probabilities of their float32 values; rows with fewer allowed tokens than k (a constraint's
+    -inf) give those tokens, then -inf."""
+    torch.manual_seed(1)
+    logits = (torch.randn(40, 4000) * 3).bfloat16()
+    found = best_tokens(logits.clone(), 8)
+    values, _, eos = whole_row_best(logits.float(), 8)
+    torch.testing.assert_close(found.log_probs, values, atol=2e-6, rtol=1e-6)
+    torch.testing.assert_close(found.eos, eos, atol=2e-6, rtol=1e-6)
+    lse = torch.logsumexp(logits.float(), dim=-1, keepdim=True)
+    chosen = logits.float().gather(1, found.tokens) - lse
+    torch.testing.assert_close(chosen, found.log_probs, atol=2e-6, rtol=1e-6)
+    masked = torch.full((3, 300), -math.inf)
+    masked[:, [EOS, 17, 200]] = torch.tensor([-1.0, 2.0, 0.5])
+    masked[:, [PAD, BOS]] = 5.0
+    got, want = best_tokens(masked.clone(), 5), whole_row_best(masked, 5)
+    assert got.tokens[:, :3].tolist() == [[17, 200, EOS]] * 3
+    assert torch.equal(got.log_probs.isinf(), want[0].isinf())
+    torch.testing.assert_close(got.log_probs[:, :3], want[0][:, :3])
+
+
+def test_without_a_compiler_the_search_runs_torchs_path(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No C compiler (or NMT_NATIVE=0): `library()` is None with the reason, and `best_tokens` still
+    gives `topk` over `log_softmax`; with one, a fresh cache folder gets a build for this machine."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    native.library.cache_clear()
+    try:
+        monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+        assert native.library() is None and "no C compiler" in native.why_not()
+        logits = hard_logits(7795)
+        values, tokens, _ = whole_row_best(logits, 4)
+        found = best_tokens(logits.clone(), 4)
+        assert torch.equal(found.tokens, tokens) and torch.equal(found.log_probs, values)
+        native.library.cache_clear()
+        monkeypatch.setenv("NMT_NATIVE", "0")
+        monkeypatch.delenv("CC")
+        assert native.library() is None and native.why_not() == "NMT_NATIVE=0"
+        native.library.cache_clear()
+        monkeypatch.delenv("NMT_NATIVE")
+        if native.library() is not None:  # a machine with a compiler: built into the fresh cache
+            built = list((tmp_path / "nmt").iterdir())
+            assert len(built) == 1 and built[0].name.startswith("native-") and built[0].suffix == ".so"
+    finally:
+        native.library.cache_clear()
+
+
+def test_translate_without_the_kernel_says_so_and_translates_the_same(tiny_trained_model: Path,
+                                                                      tmp_path: Path) -> None:
+    """`nmt translate` where the kernel cannot be built warns once, naming why, and its translations
+    are those of the kernel (fp32: the same tokens); NMT_NATIVE=0 chooses torch without a word."""
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(toy_sentences(12, seed=3, max_words=10)) + "\n", encoding="utf-8")
+    settings = ("--dtype", "fp32", "--beam", 4)
+    with_kernel = nmt("translate", tiny_trained_model, "-i", src, *settings)
+    without = nmt("translate", tiny_trained_model, "-i", src, *settings,
+                  env={"CC": str(tmp_path / "no-such-compiler"), "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    chosen = nmt("translate", tiny_trained_model, "-i", src, *settings, env={"NMT_NATIVE": "0"})
+    assert without.stdout == with_kernel.stdout == chosen.stdout
+    assert len(with_kernel.stdout.splitlines()) == 12
+    warned = [line for line in without.stderr.splitlines() if "C kernel is not available" in line]
+    assert len(warned) == 1 and "no C compiler" in warned[0]
+    assert "C kernel" not in chosen.stderr and "C kernel" not in with_kernel.stderr
