@@ -34,9 +34,9 @@ from machine import describe
 from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.inference.replicas import Replicas
 from nmt_cli.inference.search import translate_ids
-from nmt_cli.inference.translate import Translator
+from nmt_cli.inference.translate import Translator, auto_cpu_dtype
 from nmt_cli.model import file as model_file
-from nmt_cli.model.cpu import keep_freed_memory
+from nmt_cli.model.cpu import keep_freed_memory, this_cpu
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "wmt14-newstest2014" / "en-de"
 
@@ -67,6 +67,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=TranslateConfig.max_tokens)
     parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--beam-style", choices=("paper", "shrinking"), default="paper",
+                        help="nmt's search (CTranslate2 has its own)")
     parser.add_argument("--compile", action="store_true",
                         help="also time the search with the decoder step compiled")
     parser.add_argument("--ctranslate2", action="store_true",
@@ -93,7 +95,8 @@ def main() -> None:
     for dtype_name in args.dtypes.split(","):
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
         for beam in (4, 1):
-            cfg = TranslateConfig(model=args.model, beam=beam, max_tokens=args.max_tokens)
+            cfg = TranslateConfig(model=args.model, beam=beam, max_tokens=args.max_tokens,
+                                  beam_style=args.beam_style)
             translator = Translator(model.to(dtype), dictionary, sp, cfg, lambda _: None,
                                     workers=args.threads)
             measure(translator, lines[:20], cached=True)  # warm-up: thread pools, kernel selection
@@ -105,11 +108,22 @@ def main() -> None:
                 measure_compiled(translator, beam, dtype_name, lines, refs, args.threads)
     if args.ctranslate2:
         measure_ctranslate2(args, lines, refs)
+        default = "bf16" if auto_cpu_dtype(this_cpu()) == torch.bfloat16 else "fp32"
+        if ("incremental", default) in BEAM4 and ("ctranslate2", "fp32") in BEAM4:
+            nmt_rate, ct2_rate = BEAM4["incremental", default], BEAM4["ctranslate2", "fp32"]
+            print(f"nmt translate's default here (--dtype auto: {default}; --beam-style {args.beam_style}), "
+                  f"beam 4: {nmt_rate:.1f} sent/s, {nmt_rate / ct2_rate:.2f}x CTranslate2 float32's "
+                  f"{ct2_rate:.1f}")
+
+
+BEAM4: dict[tuple[str, str], float] = {}  # (decoder, dtype) -> sentences/s of the beam 4 rows printed
 
 
 def print_row(beam: int, dtype_name: str, decoder: str, subset: list[str], seconds: float,
               cpu_seconds: float | None, tokens: int, outputs: list[str], refs: list[str]) -> None:
     bleu = sacrebleu.corpus_bleu(outputs, [refs[: len(subset)]]).score
+    if beam == 4:
+        BEAM4[decoder, dtype_name] = len(subset) / seconds
     cpu = "-" if cpu_seconds is None else f"{cpu_seconds:.1f}"
     print(f"{'beam 4' if beam == 4 else 'greedy':<8} {dtype_name:<5} {decoder:<13} {len(subset):>9} "
           f"{seconds:>8.2f} {cpu:>7} {len(subset) / seconds:>8.1f} {tokens / seconds:>8.0f} "
