@@ -108,7 +108,7 @@ def main() -> None:
                 measure_compiled(translator, beam, dtype_name, lines, refs, args.threads)
     if args.ctranslate2:
         measure_ctranslate2(args, lines, refs)
-        default = "bf16" if auto_cpu_dtype(this_cpu()) == torch.bfloat16 else "fp32"
+        default = "bf16" if auto_cpu_dtype(this_cpu(), model.cfg.d_model, 4) == torch.bfloat16 else "fp32"
         if ("incremental", default) in BEAM4 and ("ctranslate2", "fp32") in BEAM4:
             nmt_rate, ct2_rate = BEAM4["incremental", default], BEAM4["ctranslate2", "fp32"]
             print(f"nmt translate's default here (--dtype auto: {default}; --beam-style {args.beam_style}), "

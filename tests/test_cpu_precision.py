@@ -101,18 +101,20 @@ def test_translate_warns_on_such_a_cpu(model_path: Path, dtype: str, cpu: Cpu,
         said[:1] if warned else [])
 
 
-@pytest.mark.parametrize(("cpu", "d_model", "expected"), [
-    (SAPPHIRE_RAPIDS, 256, torch.bfloat16), (SAPPHIRE_RAPIDS, 128, torch.bfloat16),
-    (FLAGS_BUT_SLOW, 256, torch.float32), (AVX2_ONLY, 512, torch.float32)])
-def test_auto_translates_in_bf16_only_on_fast_bf16(tmp_path: Path, toy_spm, cpu: Cpu, d_model: int,
-                                                   expected: torch.dtype) -> None:
-    """`--dtype auto` on the CPU: bf16 where the CPU measured fast bf16 products, whatever the model's
-    width (benchmarks/decode_precision.py), else fp32."""
+@pytest.mark.parametrize(("cpu", "d_model", "beam", "expected"), [
+    (SAPPHIRE_RAPIDS, 256, 4, torch.bfloat16), (SAPPHIRE_RAPIDS, 128, 4, torch.bfloat16),
+    (SAPPHIRE_RAPIDS, 128, 1, torch.float32), (SAPPHIRE_RAPIDS, 256, 1, torch.bfloat16),
+    (FLAGS_BUT_SLOW, 256, 4, torch.float32), (AVX2_ONLY, 512, 4, torch.float32)])
+def test_auto_translates_in_bf16_on_fast_bf16_but_narrow_greedy_in_fp32(
+        tmp_path: Path, toy_spm, cpu: Cpu, d_model: int, beam: int, expected: torch.dtype) -> None:
+    """`--dtype auto` on the CPU: bf16 where the CPU measured fast bf16 products, at every width for a
+    beam search, from d_model 256 for greedy search; fp32 elsewhere (benchmarks/README.md)."""
     spm_bytes, dictionary = toy_spm
     model = Transformer(ModelConfig(encoder_layers=1, decoder_layers=1, d_model=d_model, d_ff=32, heads=2),
                         len(dictionary)).eval()
     path = save_model_file(tmp_path / "model.pt", model, dictionary, spm_bytes)
-    translator = load_translator(TranslateConfig(model=path, device="cpu", threads=1), lambda _: None, cpu)
+    translator = load_translator(TranslateConfig(model=path, device="cpu", threads=1, beam=beam),
+                                 lambda _: None, cpu)
     translator.close()
     assert next(translator.model.parameters()).dtype == expected
 

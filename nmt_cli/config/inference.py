@@ -51,7 +51,8 @@ class TranslateConfig:
                           flag="--constrain/--no-constrain")
     device: Device = opt("auto", "auto: cuda when available, else cpu", flag="--device")
     dtype: Precision = opt("auto", "auto: bf16 on cuda; on a CPU bf16 where its bf16 matrix products "
-                           "measure fast, else fp32", flag="--dtype")
+                           "measure fast (but fp32 for greedy search with d_model < 256), else fp32",
+                           flag="--dtype")
     threads: int = opt(0, "CPU threads (0: one per core); on the CPU each searches its own batch",
                        flag="--threads", at_least=0)
     compile: bool = opt(False, "run the decoder step through torch.compile (on the CPU in one process per "

@@ -56,6 +56,7 @@ from nmt_cli.progress import ProgressReport
 _CONTROL = {c: " " for c in [*range(0x20), 0x7F, *range(0x80, 0xA0), 0x2028, 0x2029]}
 
 Warn = Callable[[str], None]
+MIN_GREEDY_BF16_D_MODEL = 256  # `--dtype auto`, greedy search: narrower models decode in fp32
 
 
 def clean_line(raw: bytes, number: int, warn: Warn) -> str:
@@ -286,7 +287,7 @@ def load_translator(cfg: TranslateConfig, warn: Warn, cpu: Cpu | None = None) ->
     sp = sentencepiece_processor(spm_bytes, f"the sentencepiece model inside {cfg.model[0]}",
                                  "the file is damaged or was not written by nmt")
     if cfg.dtype == "auto" and device.type == "cpu":
-        dtype = auto_cpu_dtype(cpu or this_cpu())
+        dtype = auto_cpu_dtype(cpu or this_cpu(), model.cfg.d_model, cfg.beam)
     model = model.to(dtype)
     without_kernel = device.type == "cpu" and not cfg.compile and native.library() is None
     if without_kernel and (why := native.why_not()) != "NMT_NATIVE=0":
@@ -309,13 +310,16 @@ def load_translator(cfg: TranslateConfig, warn: Warn, cpu: Cpu | None = None) ->
                       normalization=normalization if cfg.normalize == "model" else None)
 
 
-def auto_cpu_dtype(cpu: Cpu) -> torch.dtype:
+def auto_cpu_dtype(cpu: Cpu, d_model: int, beam: int) -> torch.dtype:
     """`--dtype auto` on the CPU: bf16 where the CPU has fast bf16 matrix products (`Cpu.fast_bf16`:
-    its flags, and a product measured faster), else fp32. BLEU is the same either way (within 0.2:
-    benchmarks/README.md's table); on such CPUs a beam search in bf16 ran 1.1-1.5x as fast as in
-    fp32 at every width measured, transformer_tiny's included, on batches of the size `nmt
-    translate` makes (`benchmarks/decode_precision.py`)."""
-    return torch.bfloat16 if cpu.fast_bf16 else torch.float32
+    its flags, and a product measured faster), else fp32; and fp32 for greedy search with a model
+    narrower than MIN_GREEDY_BF16_D_MODEL. BLEU is the same either way (within 0.2:
+    benchmarks/README.md's table); the speed is not: on such a CPU a beam search in bf16 ran 1.2-1.4x
+    as fast as in fp32 with transformer_tiny (d_model 128), and a decoding step 1.5-1.9x at every
+    width (`benchmarks/decode_precision.py`), but greedy search with transformer_tiny, one row a
+    sentence, ran 0.75-0.86x as fast (`benchmarks/translate_speed.py`)."""
+    narrow_greedy = beam == 1 and d_model < MIN_GREEDY_BF16_D_MODEL
+    return torch.bfloat16 if cpu.fast_bf16 and not narrow_greedy else torch.float32
 
 
 def _worker_died(doing: str) -> str:
