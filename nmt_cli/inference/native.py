@@ -16,6 +16,7 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -43,9 +44,10 @@ def library() -> ctypes.CDLL | None:
     _why_not.clear()
     if os.environ.get("NMT_NATIVE") == "0":
         return _without("NMT_NATIVE=0")
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler or not shutil.which(compiler):
-        return _without("no C compiler on the PATH (cc, gcc, or $CC)")
+    command = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc") or "cc"]
+    compiler = " ".join(command)  # $CC may hold flags too ("gcc -m64"), as make reads it
+    if not shutil.which(command[0]):
+        return _without(f"no C compiler on the PATH (cc, gcc, or $CC; looked for {command[0]})")
     source = SOURCE.read_bytes()
     key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), compiler.encode(),
                                      platform.machine().encode(), _cpu_flags()])).hexdigest()[:16]
@@ -56,7 +58,7 @@ def library() -> ctypes.CDLL | None:
             folder.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=folder) as scratch:  # built aside, then moved in whole
                 built = Path(scratch) / path.name
-                subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], check=True,
+                subprocess.run([*command, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], check=True,
                                capture_output=True, timeout=BUILD_SECONDS)
                 os.replace(built, path)
         except (OSError, subprocess.SubprocessError) as e:
