@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from nmt_cli.model.cpu import cpu_flags
+
 SOURCE = Path(__file__).with_name("native.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC")
 BUILD_SECONDS = 120  # a build that takes longer (a machine under load) is abandoned
@@ -50,7 +52,8 @@ def library() -> ctypes.CDLL | None:
         return _without(f"no C compiler on the PATH (cc, gcc, or $CC; looked for {command[0]})")
     source = SOURCE.read_bytes()
     key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), compiler.encode(),
-                                     platform.machine().encode(), _cpu_flags()])).hexdigest()[:16]
+                                     platform.machine().encode(),
+                                     " ".join(sorted(cpu_flags())).encode()])).hexdigest()[:16]
     folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nmt"
     path = folder / f"native-{key}.so"
     if not path.exists():
@@ -77,14 +80,6 @@ def library() -> ctypes.CDLL | None:
 def _without(reason: str) -> None:
     _why_not[:] = [reason]
     return None
-
-
-def _cpu_flags() -> bytes:
-    try:
-        with open("/proc/cpuinfo", "rb") as f:
-            return next((line for line in f.read(1 << 20).splitlines() if line.startswith(b"flags")), b"")
-    except OSError:
-        return b""
 
 
 def best_tokens(logits: Tensor, k: int, pad: int, bos: int, eos: int) -> tuple[Tensor, Tensor, Tensor] | None:

@@ -49,19 +49,23 @@ class Cpu:
 
 
 @functools.cache
-def this_cpu() -> Cpu:
-    """This CPU (measured once per process, and only where it has native bf16 instructions)."""
-    flags: frozenset[str] = frozenset()
+def cpu_flags() -> frozenset[str]:
+    """The instruction flags of /proc/cpuinfo (empty where there is none)."""
     try:
         with open("/proc/cpuinfo", "rb") as f:
             for line in f.read(1 << 20).decode(errors="replace").splitlines():  # a few kB a core
                 key, _, value = line.partition(":")
                 if key.strip() == "flags":
-                    flags = frozenset(value.split())
-                    break
+                    return frozenset(value.split())
     except OSError:  # not Linux
         pass
-    cpu = Cpu(torch.backends.cpu.get_cpu_capability(), flags)
+    return frozenset()
+
+
+@functools.cache
+def this_cpu() -> Cpu:
+    """This CPU (measured once per process, and only where it has native bf16 instructions)."""
+    cpu = Cpu(torch.backends.cpu.get_cpu_capability(), cpu_flags())
     if cpu.native_bf16:
         cpu = Cpu(cpu.capability, cpu.flags, bf16_speedup())
     return cpu

@@ -65,8 +65,8 @@ SHORT_ROW = 16  # torch's CPU softmax over fewer entries than this is 3-6x slowe
 
 def softmax(scores: Tensor) -> Tensor:
     """softmax over the last dimension. Rows shorter than `SHORT_ROW` on a CPU, outside autograd, take
-    four elementwise operations instead of torch's kernel, which handles them element by element:
-    (3,200, 12) floats took 0.7 ms by `torch.softmax`, 0.19 ms so (benchmarks/README.md)."""
+    four elementwise operations instead of torch's kernel, which handles them element by element
+    (several times slower: benchmarks/README.md)."""
     if (torch.compiler.is_compiling() or scores.device.type != "cpu" or scores.requires_grad
             or scores.shape[-1] >= SHORT_ROW):  # in this order: no guard on a compiled graph's sizes
         return torch.softmax(scores, dim=-1)
