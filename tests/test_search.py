@@ -20,7 +20,6 @@ from nmt_cli.config.model import ModelConfig
 from nmt_cli.data.dataset import BOS, EOS, PAD
 from nmt_cli.inference.beams import Beams, best_tokens, group_size, top_k
 from nmt_cli.inference.search import (
-    SMALLEST_SHARED_BATCH,
     IncrementalDecoder,
     _batches,
     beam_search,
@@ -201,13 +200,24 @@ def test_batches_hold_every_sentence_once_longest_first_within_the_budget(worker
     lengths = np.concatenate([sizes[b] for b in batches])
     assert (np.diff(lengths) <= 0).all()  # longest first, and each batch's first sentence is its longest
     assert all(len(b) * sizes[b].max() <= 12000 for b in batches)
-    padded = [len(b) * int(sizes[b].max()) for b in batches]
-    if workers == 1:
-        assert all(p > 12000 - sizes[b].max()
-                   for p, b in zip(padded[:-1], batches[:-1], strict=True))  # full batches
-    else:  # guided: shrinking towards the end, but never below the smallest shared batch (the last aside)
-        assert padded[-2] < padded[0] / 2
-        assert all(p + 120 > SMALLEST_SHARED_BATCH for p in padded[:-1])
+    # about as few as the budget allows (padding makes some a little under it), a multiple of the workers
+    assert len(batches) % workers == 0 and len(batches) <= 1.25 * sizes.sum() / 12000 + 2 * workers
+    # where the budget leaves room, of equal source tokens (to a sentence)
+    batches = _batches(sizes, max_tokens=10**6, workers=workers)
+    tokens = [int(sizes[b].sum()) for b in batches]
+    assert len(batches) == workers and max(tokens) - min(tokens) <= sizes.max()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_batches_of_a_small_input_are_one_a_worker_and_of_long_sentences_alone(workers: int) -> None:
+    sizes = np.array([30, 12, 11, 9, 9, 8, 5, 3])
+    batches = [b.tolist() for b in _batches(sizes, max_tokens=1000, workers=workers)]
+    assert batches == ([[0, 1, 2, 3, 4, 5, 6, 7]] if workers == 1 else [[0, 1], [2, 3, 4, 5, 6, 7]])
+    # sentences longer than the budget, each alone; the others within it
+    batches = list(_batches(np.array([50, 40, 6, 5, 5, 2]), max_tokens=30, workers=2))
+    assert [b.tolist() for b in batches[:2]] == [[0], [1]]
+    assert all(len(b) * np.array([50, 40, 6, 5, 5, 2])[b].max() <= 30 for b in batches[2:])
+    assert sorted(np.concatenate(batches).tolist()) == list(range(6))
 
 
 @pytest.mark.parametrize("beam,nbest,alpha", [(1, 1, 0.6), (4, 1, 0.6), (4, 4, 1.0), (5, 2, 0.0),

@@ -30,7 +30,7 @@ from nmt_cli.config.convert import Ctranslate2ExportConfig
 from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.data.dataset import Dictionary
 from nmt_cli.errors import NmtError
-from nmt_cli.inference.search import SMALLEST_SHARED_BATCH, Hypothesis, cpu_workers
+from nmt_cli.inference.search import Hypothesis, cpu_workers
 from nmt_cli.model import file as model_file
 from nmt_cli.model.transformer import Transformer
 
@@ -40,6 +40,8 @@ Warn = Callable[[str], None]
 Search = Callable[[Sequence[Sequence[int]], Callable[[int], None] | None], list[list[Hypothesis]]]
 MISSING = ("the ctranslate2 package is not installed: pip install 'nmt-cli[ctranslate2]' "
            "(or pip install ctranslate2)")
+
+SHARED_BATCH = 3072  # source tokens a batch when CTranslate2 searches several at once
 
 
 def _ctranslate2() -> Any:
@@ -193,9 +195,10 @@ class Engine:
         cfg, symbols = self.cfg, self.dictionary.symbols
         limits = [int(cfg.max_len_a * (len(s) - 1) + cfg.max_len_b) for s in sources]
         longest = min(max(limits), self.model.cfg.max_positions - 1) + 1  # with EOS
-        # On several CPU threads, batches of SMALLEST_SHARED_BATCH tokens, which CTranslate2 searches in
-        # parallel: on 2 threads, faster than halves or quarters of 15,000 tokens (benchmarks/README.md)
-        batch_tokens = cfg.max_tokens if self.workers == 1 else min(cfg.max_tokens, SMALLEST_SHARED_BATCH)
+        # On several CPU threads, batches of SHARED_BATCH tokens, which CTranslate2 searches in
+        # parallel: on 2 threads, faster than halves or quarters of 15,000 tokens (benchmarks/README.md;
+        # nmt's own search, with its larger cost per step, takes fewer, larger batches: `search._batches`)
+        batch_tokens = cfg.max_tokens if self.workers == 1 else min(cfg.max_tokens, SHARED_BATCH)
         found = self.engine.translate_batch(
             [["<blank>" if i == 0 else symbols[i] for i in s] for s in sources], beam_size=cfg.beam,
             num_hypotheses=cfg.nbest, length_penalty=cfg.lenpen, max_decoding_length=longest,
