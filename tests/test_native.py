@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_search import hard_logits, whole_row_best
+from test_search import hard_logits, padded, random_model, random_sources, whole_row_best
 
 from conftest import nmt, toy_sentences
 from nmt_cli.data.dataset import BOS, EOS, PAD
-from nmt_cli.inference import native
+from nmt_cli.inference import beams, native
 from nmt_cli.inference.beams import best_tokens
+from nmt_cli.inference.search import beam_search
 
 
 @pytest.fixture
@@ -107,3 +108,25 @@ def test_translate_without_the_kernel_says_so_and_translates_the_same(tiny_train
     warned = [line for line in without.stderr.splitlines() if "C kernel is not available" in line]
     assert len(warned) == 1 and "no C compiler" in warned[0]
     assert "C kernel" not in chosen.stderr and "C kernel" not in with_kernel.stderr
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_steps_of_many_rows_project_in_chunks_and_find_the_same(kernel, monkeypatch: pytest.MonkeyPatch,
+                                                                dtype: torch.dtype) -> None:
+    """A step of more rows than `CHUNK_ROWS` takes the output projection and best tokens a chunk of rows
+    at a time: the same hypotheses and scores as one projection of all rows (120 sentences, beam 4:
+    480 rows at first, fewer as sentences finish, through both sides of the limit)."""
+    model = random_model(300, seed=3).to(dtype)
+    src = padded(random_sources(300, [3 + i % 9 for i in range(120)], seed=4))
+    settings = dict(beam=4, nbest=2, lenpen=0.6, max_len_a=1.0, max_len_b=5)
+    calls = []
+    projection = model.logits
+    monkeypatch.setattr(model, "logits", lambda hidden: calls.append(len(hidden)) or projection(hidden))
+    chunked = beam_search(model, src, **settings)
+    assert max(calls) == beams.CHUNK_ROWS and 480 % beams.CHUNK_ROWS in calls
+    calls.clear()
+    monkeypatch.setattr(beams, "CHUNK_ROWS", 10**6)
+    whole = beam_search(model, src, **settings)
+    assert max(calls) == 480
+    assert [[h.tokens for h in n] for n in chunked] == [[h.tokens for h in n] for n in whole]
+    assert [[h.score for h in n] for n in chunked] == [[h.score for h in n] for n in whole]

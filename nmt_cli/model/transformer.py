@@ -335,10 +335,15 @@ class Transformer(nn.Module):
         are grouped by sentence: without `beams`, N = B * beam and rows b * beam ... (b + 1) * beam - 1
         belong to sentence b of `enc` (B sentences; beam may be 1); `beams` says where they are when
         sentences have different numbers of them."""
+        return self.logits(self.decode_hidden(tokens, step, enc, cache, beams))
+
+    def decode_hidden(self, tokens: Tensor, step: int, enc: Encoded, cache: Cache,
+                      beams: Slots | None = None) -> Tensor:
+        """`decode_step` up to the output projection: the decoder's output (N, D)."""
         x = self._embed(tokens[:, None], start=step)  # (N, 1, D)
         for layer, layer_cache in zip(self.decoder, cache, strict=True):
             x = layer(x, enc, layer_cache, beams)
-        return self.logits(self.decoder_norm(x[:, 0]))
+        return self.decoder_norm(x[:, 0])
 
     @staticmethod
     def reorder(enc: Encoded, cache: Cache, order: Tensor,
