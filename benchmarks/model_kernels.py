@@ -18,9 +18,12 @@ Rows, each against what torch would do without it:
   inductor) against the compiled `attention` (batched products left to torch), in us a row;
 - the best 8 of 7792 logits of 1200 rows, eager, fp32 and bf16 (a beam of 4 over 300 sentences of
   the Multi30k model), each call on a fresh copy (`best_tokens` overwrites its input):
-  `beams.best_tokens` by the search's C kernel (`inference/native.py`, where it can be built) and by
+  `beams.best_tokens` by the search's C kernel (`model/native.py`, where it can be built) and by
   torch (`top_k`'s classes and a `log_softmax` written over the logits) against `log_softmax` +
   `topk` over whole rows, and `beams.top_k` alone against `topk`;
+- incremental decoding's self-attention, eager, fp32 and bf16, 1400 rows (4 heads of 32) of one query
+  over 8 and 30 cached positions: `kernels.cached_attention` by the C kernel (`model/native.py`)
+  against torch's two batched products around a softmax;
 - the softmax of cached self-attention's rows of 12 positions: `kernels.softmax` against torch's;
 - the best 4 of 7968 logits of 1200 rows compiled, bf16: `beams.best_tokens`' two stages against
   `log_softmax` + `topk` over whole rows.
@@ -42,8 +45,8 @@ from machine import describe
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nmt_cli.config.train import OptimConfig
-from nmt_cli.inference import beams, native
-from nmt_cli.model import kernels
+from nmt_cli.inference import beams
+from nmt_cli.model import kernels, native
 from nmt_cli.training import loss, optim
 
 
@@ -127,6 +130,19 @@ def search_rows(repeats: int) -> list[tuple[str, str, float]]:
         if dtype == torch.float32:
             rows.append(("", "beams.top_k", timed(lambda x=logits: beams.top_k(x, 8), repeats)))
             rows.append(("", "topk", timed(lambda x=logits: x.topk(8, -1), repeats)))
+    for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        for length in (8, 30):  # one query a row, 4 heads of 32 (the Multi30k model), a step of a beam of 4
+            q, k, v = (torch.randn(1400, 4, n, 32, generator=g).to(dtype) for n in (1, length, length))
+            step = functools.partial(kernels.cached_attention, q, k, v,
+                                     torch.ones(1400, 1, 1, length, dtype=torch.bool))
+            what = f"cached self-attention, 1400 rows over {length}, {name}"
+            if native.library() is not None:
+                rows.append((what, "kernels.cached_attention (C kernel)",
+                             timed(step, repeats)))
+                what = ""
+            with mock.patch.object(native, "cached_attention", lambda *_: None):
+                rows.append((what, "kernels.cached_attention (torch)",
+                             timed(step, repeats)))
     scores = torch.randn(800, 4, 1, 12, generator=g)  # one query of 4 heads over 12 cached positions
     rows.append(("softmax of 3200 rows of 12 (cached self-attention)", "kernels.softmax",
                  timed(lambda: kernels.softmax(scores), repeats)))

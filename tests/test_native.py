@@ -1,20 +1,22 @@
-"""The search's C kernel (`inference/native.py`): it gives what torch's path gives, and where it
+"""The search's C kernel (`model/native.py`): it gives what torch's path gives, and where it
 cannot be built the search runs torch's path and says why."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
 import pytest
 import torch
-from test_search import hard_logits, padded, random_model, random_sources, whole_row_best
+from test_search import TINY, hard_logits, padded, random_model, random_sources, whole_row_best
 
 from conftest import nmt, toy_sentences
 from nmt_cli.data.dataset import BOS, EOS, PAD
-from nmt_cli.inference import beams, native
+from nmt_cli.inference import beams
 from nmt_cli.inference.beams import best_tokens
 from nmt_cli.inference.search import beam_search
+from nmt_cli.model import kernels, native
 
 
 @pytest.fixture
@@ -130,3 +132,49 @@ def test_steps_of_many_rows_project_in_chunks_and_find_the_same(kernel, monkeypa
     assert max(calls) == 480
     assert [[h.tokens for h in n] for n in chunked] == [[h.tokens for h in n] for n in whole]
     assert [[h.score for h in n] for n in chunked] == [[h.score for h in n] for n in whole]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_kernel_equals_attention_in_float64(kernel, dtype: torch.dtype) -> None:
+    """The attention kernel over a cache: softmax(q k^T / sqrt(K)) v as float64 computes it, within
+    float32's rounding, and in bf16 no further from it than torch's bf16 attention; keys left out by
+    the mask get no weight (their values are huge); shapes it does not take are left to torch (None)."""
+    torch.manual_seed(0)
+    G, H, L, K = 37, 4, 23, 32
+    q, k, v = (torch.randn(G, H, n, K).to(dtype) for n in (1, L, L))
+    mask = torch.rand(G, 1, 1, L) > 0.3
+    mask[:, :, :, 0] = True
+    v = v.masked_fill(~mask.transpose(-1, -2), 1e4)
+    want = torch.softmax((q.double() @ k.double().transpose(-1, -2) * K**-0.5).masked_fill(~mask, -math.inf),
+                         -1) @ v.double()
+    found = native.cached_attention(q, k, v, mask)
+    assert found.dtype == dtype and found.shape == (G, H, 1, K)
+    error = (found.double() - want).abs().max().item()
+    by_torch = kernels.attention(q, k, v, mask, causal=False, dropout=0.0)
+    torch_error = (by_torch.double() - want).abs().max().item()
+    assert error < (1e-5 if dtype == torch.float32 else torch_error + 1e-3), (error, torch_error)
+    unmasked = native.cached_attention(q, k, v, None).double()
+    assert (unmasked - want).abs().max() > 1  # the mask mattered
+    assert native.cached_attention(q.expand(G, H, 2, K), k, v, mask) is None  # several queries a group
+    assert native.cached_attention(q[..., :24], k[..., :24], v, mask) is None  # K not a multiple of 16
+    assert native.cached_attention(q.half(), k.half(), v.half(), mask) is None
+
+
+def test_search_with_the_attention_kernel_finds_what_torch_finds(kernel,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp32 beam search with the attention kernel (kernels.cached_attention) and without it: the same
+    hypotheses, scores within float32 rounding."""
+    model = random_model(300, seed=5, cfg=dataclasses.replace(TINY, d_model=64))  # heads of 16
+    src = padded(random_sources(300, [3 + i % 9 for i in range(40)], seed=6))
+    settings = dict(beam=4, nbest=2, lenpen=0.6, max_len_a=1.0, max_len_b=5)
+    answers = []
+    kernel_attention = native.cached_attention
+    monkeypatch.setattr(native, "cached_attention",
+                        lambda *a: answers.append(kernel_attention(*a)) or answers[-1])
+    with_kernel = beam_search(model, src, **settings)
+    assert any(found is not None for found in answers)  # the self-attention (one query a row)
+    monkeypatch.setattr(native, "cached_attention", lambda *a: None)
+    with_torch = beam_search(model, src, **settings)
+    assert [[h.tokens for h in n] for n in with_kernel] == [[h.tokens for h in n] for n in with_torch]
+    scores = [[h.score for h in n] for n in with_kernel], [[h.score for h in n] for n in with_torch]
+    torch.testing.assert_close(torch.tensor(scores[0]), torch.tensor(scores[1]), atol=1e-4, rtol=1e-5)

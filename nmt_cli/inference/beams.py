@@ -14,7 +14,7 @@ from torch import Tensor
 
 from nmt_cli.config.inference import BeamStyle
 from nmt_cli.data.dataset import BOS, EOS, PAD
-from nmt_cli.inference import native
+from nmt_cli.model import native
 from nmt_cli.model.transformer import Cache, Encoded, Transformer
 
 

@@ -34,12 +34,13 @@ from nmt_cli.data.bpe import sentencepiece_processor
 from nmt_cli.data.clean import Normalization
 from nmt_cli.data.dataset import EOS, Dictionary
 from nmt_cli.errors import NmtError
-from nmt_cli.inference import ct2, native
+from nmt_cli.inference import ct2
 from nmt_cli.inference.ensemble import Ensemble, check_members
 from nmt_cli.inference.replicas import Replicas, describe
 from nmt_cli.inference.search import compile_decoder, cpu_workers, translate_ids
 from nmt_cli.inference.trees import TreeConstraint, TreeSymbols, as_tree_line
 from nmt_cli.model import file as model_file
+from nmt_cli.model import native
 from nmt_cli.model.cpu import (
     Cpu,
     keep_freed_memory,

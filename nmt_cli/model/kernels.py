@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt_cli.model import native
+
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, dropout: float) -> Tensor:
     """softmax(Q K^T / sqrt(K)) V (section 3.2.1): (B, H, T, K) queries over (B, H, L, K) keys and
@@ -36,8 +38,13 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Te
     position) over cached keys and values. Inside torch.compile on a CPU it is written as products and
     sums, which inductor fuses into one kernel that reads each cached key and value once, where it
     would leave two batched matrix products to torch (alone, on one AVX512 CPU, the fusion was not
-    the faster: benchmarks/README.md). Elsewhere it is `attention`."""
-    if not (torch.compiler.is_compiling() and q.device.type == "cpu"):
+    the faster: benchmarks/README.md). Eager on a CPU in bf16 it is the C kernel of `native.py` where
+    there is one: torch's bf16 batched products pay a set-up for every new shape, and the cache grows
+    every step (benchmarks/README.md). Elsewhere it is `attention`."""
+    if not torch.compiler.is_compiling():
+        found = None if q.device.type != "cpu" or q.requires_grad else native.cached_attention(q, k, v, mask)
+        if found is not None:
+            return found
         return attention(q, k, v, mask, causal=False, dropout=0.0)
     scores = (q.float()[:, :, :, None] * q.shape[-1] ** -0.5 * k.float()[:, :, None]).sum(-1)  # (B, H, T, L)
     if mask is not None:

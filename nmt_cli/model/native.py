@@ -1,4 +1,5 @@
-"""The search's C kernel (`native.c`), compiled for this machine on first use and loaded with ctypes.
+"""Translation's C kernels (`native.c`): the search's choice of each row's best tokens, and incremental
+decoding's attention over bf16 caches; compiled for this machine on first use, loaded with ctypes.
 
 It is built by the system's C compiler ($CC, else cc or gcc) with the machine's own instructions
 (-march=native) into `$XDG_CACHE_HOME/nmt` (default ~/.cache/nmt), once: the file's name holds a
@@ -74,6 +75,9 @@ def library() -> ctypes.CDLL | None:
     lib.nmt_best_tokens.restype = ctypes.c_int
     lib.nmt_best_tokens.argtypes = [ctypes.c_void_p, ctypes.c_int, *[ctypes.c_int64] * 6,
                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    lib.nmt_cached_attention.restype = ctypes.c_int
+    lib.nmt_cached_attention.argtypes = [*[ctypes.c_void_p] * 4, ctypes.c_int, *[ctypes.c_int64] * 6,
+                                         ctypes.c_float, ctypes.c_void_p]
     return lib
 
 
@@ -97,3 +101,28 @@ def best_tokens(logits: Tensor, k: int, pad: int, bos: int, eos: int) -> tuple[T
                            top.data_ptr(), tokens.data_ptr(), eos_log_prob.data_ptr()) != 0:
         raise MemoryError("the search's kernel could not allocate its buffers")
     return top, tokens, eos_log_prob
+
+
+def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor | None:
+    """`kernels.cached_attention` of float32 or bf16 CPU tensors by the kernel: one query a group, q (G, H,
+    1, K), over keys (G, H, L, K) and values (G, H, L, K_v), K and K_v multiples of 16 (the self-attention
+    of every decoder row, and greedy search's cross-attention; a sentence's several beams over its
+    encoder states are faster in torch's products); `mask` None or (G, 1, 1, L), True where allowed.
+    Returns (G, H, 1, K_v) in q's dtype (a view of the heads side by side, (G, 1, H, K_v)); None where
+    the kernel is not there or does not take these tensors."""
+    lib = library()
+    if (lib is None or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.bfloat16)
+            or not q.dtype == k.dtype == v.dtype or (mask is not None and mask.shape[1:3] != (1, 1))
+            or q.shape[2] != 1 or q.shape[3] % 16 or v.shape[3] % 16):
+        return None
+    G, H, T, K = q.shape
+    L, Kv = k.shape[2], v.shape[3]
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    allowed = None if mask is None else mask.reshape(G, L).contiguous()
+    out = torch.empty(G, T, H, Kv, dtype=q.dtype)
+    bf16 = int(q.dtype == torch.bfloat16)
+    if lib.nmt_cached_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                None if allowed is None else allowed.data_ptr(), bf16, G, H, T, L, K, Kv,
+                                K**-0.5, out.data_ptr()) != 0:
+        raise MemoryError("the attention kernel could not allocate its buffers")
+    return out.transpose(1, 2)
