@@ -38,9 +38,10 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Te
     position) over cached keys and values. Inside torch.compile on a CPU it is written as products and
     sums, which inductor fuses into one kernel that reads each cached key and value once, where it
     would leave two batched matrix products to torch (alone, on one AVX512 CPU, the fusion was not
-    the faster: benchmarks/README.md). Eager on a CPU in bf16 it is the C kernel of `native.py` where
-    there is one: torch's bf16 batched products pay a set-up for every new shape, and the cache grows
-    every step (benchmarks/README.md). Elsewhere it is `attention`."""
+    the faster: benchmarks/README.md). Eager on a CPU outside autograd it is the C kernel of `native.py`
+    where there is one and it takes the shapes (fp32 or bf16): one pass over each head's cache, where
+    torch runs two batched products of tiny matrices (and in bf16 sets up a new primitive for every
+    cache length; benchmarks/README.md). Elsewhere it is `attention`."""
     if not torch.compiler.is_compiling():
         found = None if q.device.type != "cpu" or q.requires_grad else native.cached_attention(q, k, v, mask)
         if found is not None:

@@ -111,12 +111,12 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Te
     Returns (G, H, 1, K_v) in q's dtype (a view of the heads side by side, (G, 1, H, K_v)); None where
     the kernel is not there or does not take these tensors."""
     lib = library()
-    if (lib is None or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.bfloat16)
-            or not q.dtype == k.dtype == v.dtype or (mask is not None and mask.shape[1:3] != (1, 1))
-            or q.shape[2] != 1 or q.shape[3] % 16 or v.shape[3] % 16):
-        return None
     G, H, T, K = q.shape
     L, Kv = k.shape[2], v.shape[3]
+    if (lib is None or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.bfloat16)
+            or not q.dtype == k.dtype == v.dtype or T != 1 or K % 16 or Kv % 16
+            or (mask is not None and (mask.dtype != torch.bool or mask.shape != (G, 1, 1, L)))):
+        return None
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     allowed = None if mask is None else mask.reshape(G, L).contiguous()
     out = torch.empty(G, T, H, Kv, dtype=q.dtype)
