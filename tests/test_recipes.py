@@ -170,7 +170,8 @@ def test_two_machines_train_together(en_de: tuple[Path, str], tmp_path: Path) ->
     common = ["train", work / "bin", "--save-dir", save, "--arch", "transformer_tiny", "--max-update", 4,
               "--tokens-per-update", 2000, "--max-tokens", 1000, "--save-interval-updates", 2,
               "--precision", "fp32", "--device", "cpu", "--nnodes", 2, "--nproc", 1,
-              "--rdzv-endpoint", f"127.0.0.1:{port}", "--set", "log.interval=1"]
+              "--rdzv-endpoint", f"127.0.0.1:{port}", "--set", "log.interval=1",
+              "--set", "valid.max_batches=4"]  # all of newstest2013 would take minutes
     nodes = [subprocess.Popen([sys.executable, "-m", "nmt_cli", *map(str, common), "--node-rank", str(rank)],
                               env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for rank in (0, 1)]
