@@ -158,45 +158,28 @@ def test_missing_cuda_and_cpu_fp16_are_refused(tiny_trained_model: Path) -> None
         run(TranslateConfig(model=tiny_trained_model, device="cpu", dtype="fp16"))
 
 
-@pytest.fixture(scope="module")
-def inductor_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Inductor's cache for this module's compiled decoders: empty at first, so the first test compiles
-    for real (not from a user's cache); the later ones find its kernels (a compile costs a minute or two
-    on 2 cores)."""
-    return tmp_path_factory.mktemp("inductor")
-
-
-def test_compiled_decoder_translates_as_the_eager_one(tiny_trained_model: Path, tmp_path: Path,
-                                                      inductor_cache: Path) -> None:
-    """--compile (fused kernels, in two worker processes) gives the eager decoder's translations in
-    fp32, batches of several sentences and single ones alike, beam 4. (A decoder compiled in this
-    process is test_search's `test_compiled_search_equals_reference`: each compile here costs a minute
-    or two of CI.)"""
-    lines = toy_sentences(30, seed=11, max_words=12)
-    src = tmp_path / "in.txt"
-    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    eager, compiled = tmp_path / "eager.txt", tmp_path / "compiled.txt"
-    nmt("translate", tiny_trained_model, "-i", src, "-o", eager, "--beam", 4, "--max-tokens", 60,
-        "--dtype", "fp32")
-    proc = nmt("translate", tiny_trained_model, "-i", src, "-o", compiled, "--beam", 4, "--max-tokens", 60,
-               "--dtype", "fp32", "--compile", "--threads", 2,
-               env={"TORCHINDUCTOR_CACHE_DIR": str(inductor_cache)})
-    assert "compiling the decoder" in proc.stderr and "recompile_limit" not in proc.stderr
-    assert compiled.read_text(encoding="utf-8") == eager.read_text(encoding="utf-8")
-    assert len(set(eager.read_text(encoding="utf-8").splitlines())) > 20  # real, differing translations
-
-
-def test_a_worker_process_that_dies_is_a_clear_error(tiny_trained_model: Path, inductor_cache: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """A compiled decoder's worker killed mid-run (as the out-of-memory killer would) stops the
-    translation with a message that says so, not with a traceback or a hang."""
+def test_compiled_decoder_translates_as_the_eager_one_and_a_dead_worker_is_a_clear_error(
+        tiny_trained_model: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """--compile with two threads (fused kernels, in two worker processes, `Replicas`) gives the eager
+    decoder's translations in fp32, batches of several sentences and single ones alike, beam 4, with
+    no graph compiled mid-search; then a worker killed (as the out-of-memory killer would) stops the
+    translation with a message that says so, not with a traceback or a hang. One test, because each
+    compile costs minutes of a 2-core CI machine (a decoder compiled in this process is test_search's
+    `test_compiled_search_equals_reference`; the command line's --compile path up to the compiler,
+    `test_compile_without_a_compiler_is_a_clear_error`)."""
     if (reason := why_torch_compile_cannot_run()) is not None:
         pytest.skip(reason)
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache))  # read by the workers
-    translator = load(tiny_trained_model, compile=True, threads=2)
+    lines = toy_sentences(30, seed=11, max_words=12)
+    settings = dict(beam=4, max_tokens=60, dtype="fp32", threads=2)
+    eager = load(tiny_trained_model, **settings).translate(lines)
+    assert len({hyps[0][1] for hyps in eager}) > 20  # real, differing translations
+    translator = load(tiny_trained_model, compile=True, **settings)
     translator.replicas = Replicas(translator.cfg, torch.float32, 2)
     try:
-        assert translator.translate(["red cat"])[0]
+        compiled = translator.translate(lines)
+        assert [[text for _, text in h] for h in compiled] == [[text for _, text in h] for h in eager]
+        assert [h[0][0] for h in compiled] == pytest.approx([h[0][0] for h in eager], abs=1e-4)
+        assert "recompile_limit" not in capfd.readouterr().err  # the workers' warnings, on stderr
         for process in translator.replicas.processes():
             process.kill()
         with pytest.raises(NmtError, match="worker process stopped while translating.*fewer --threads"):
