@@ -69,7 +69,7 @@ DEVICES=(--gpus "$GPUS")
 [ "$NPROC" -gt 0 ] && DEVICES=(--nproc "$NPROC" --device cpu)
 if [ "$SMOKE" = 1 ]; then
     # Every stage for real, sized for a CPU: a small vocabulary, a tiny model, a few updates, each
-    # validation on 4 batches (all of newstest2013 takes a CPU minutes, and a smoke run validates 4 times).
+    # validation on 4 batches (all of newstest2013 takes minutes on a CPU; a smoke run validates 4 times).
     VOCAB=${SMOKE_VOCAB:-500}
     LAST=2
     TRAIN_ARGS=(--arch transformer_tiny --max-update 6 --tokens-per-update 2000 --max-tokens 1000

@@ -24,8 +24,8 @@ os.environ["NMT_TEST_HOOKS"] = str(Path(__file__).with_name("fault_hooks.py"))
 @pytest.fixture(scope="session", autouse=True)
 def inductor_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Inductor's cache for this test session, in this process and every one it starts: empty at
-    first, so the first compiled model compiles for real (not from a user's cache), and the later
-    ones find the kernels they share with it (a compile costs minutes on 2 cores)."""
+    first, so each compiled model compiles for real, never from a user's cache (`~/.cache`, `/tmp`);
+    what a later compile shares with an earlier one (the same graphs, in worker processes) it finds."""
     folder = tmp_path_factory.mktemp("inductor")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
     return folder
