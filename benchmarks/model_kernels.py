@@ -25,6 +25,9 @@ Rows, each against what torch would do without it:
   over 8 and 30 cached positions: `kernels.cached_attention` by the C kernel (`model/native.py`)
   against torch's two batched products around a softmax;
 - the softmax of cached self-attention's rows of 12 positions: `kernels.softmax` against torch's;
+- the output projection of 4, 64 and 256 decoder rows of 128 onto 7792 words, fp32, outside
+  autograd (a step of the search, or one of its chunks, on the Multi30k model):
+  `kernels.output_projection` (oneDNN, the weight packed once) against `F.linear` (MKL);
 - the best 4 of 7968 logits of 1200 rows compiled, bf16: `beams.best_tokens`' two stages against
   `log_softmax` + `topk` over whole rows.
 The compiled rows need a C++ compiler; they are left out where torch.compile cannot run. `--groups`
@@ -143,6 +146,13 @@ def search_rows(repeats: int) -> list[tuple[str, str, float]]:
             with mock.patch.object(native, "cached_attention", lambda *_: None):
                 rows.append((what, "kernels.cached_attention (torch)",
                              timed(step, repeats)))
+    weight = torch.randn(7792, 128, generator=g)
+    for n in (4, 64, 256):
+        hidden = torch.randn(n, 128, generator=g)
+        with torch.inference_mode():
+            rows.append((f"output projection, {n} rows of 128 onto 7792, fp32", "kernels.output_projection",
+                         timed(lambda h=hidden: kernels.output_projection(h, weight, 7792), repeats)))
+            rows.append(("", "F.linear", timed(lambda h=hidden: F.linear(h, weight), repeats)))
     scores = torch.randn(800, 4, 1, 12, generator=g)  # one query of 4 heads over 12 cached positions
     rows.append(("softmax of 3200 rows of 12 (cached self-attention)", "kernels.softmax",
                  timed(lambda: kernels.softmax(scores), repeats)))

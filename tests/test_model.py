@@ -287,6 +287,35 @@ def test_cpu_attention_equals_torch_sdpa(causal: bool) -> None:
     torch.testing.assert_close(attention(q, k, v, mask, causal, 0.0), want, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 7, 256, 300])
+def test_output_projection_equals_linear_and_follows_the_weights_changes(rows: int) -> None:
+    """`kernels.output_projection` (oneDNN with the weight packed once, for inference in fp32 on an
+    x86 CPU) gives F.linear's logits over the first `rows` words to rounding, for any batch shape;
+    packs again after the weight changes in place; and under autograd is F.linear, gradient and all."""
+    from nmt_cli.model import kernels
+
+    g = torch.Generator().manual_seed(3)
+    weight = torch.nn.Parameter(torch.randn(320, 64, generator=g))
+    for shape in [(5, 64), (3, 4, 64), (300, 64)]:
+        hidden = torch.randn(*shape, generator=g)
+        with torch.inference_mode():
+            got = kernels.output_projection(hidden, weight, rows)
+        torch.testing.assert_close(got, torch.nn.functional.linear(hidden, weight[:rows]).detach(),
+                                   atol=1e-5, rtol=1e-5)
+    if kernels._PACKING:
+        assert id(weight) in kernels._PACKED  # the packed path ran (on this CPU it is taken)
+    with torch.no_grad():
+        weight.mul_(-2)  # as an optimizer step or model.to() would change it
+    hidden = torch.randn(2, 64, generator=g)
+    with torch.inference_mode():
+        torch.testing.assert_close(kernels.output_projection(hidden, weight, rows),
+                                   torch.nn.functional.linear(hidden, weight[:rows]).detach(),
+                                   atol=1e-5, rtol=1e-5)
+    kernels.output_projection(hidden, weight, rows).sum().backward()
+    torch.testing.assert_close(weight.grad[:rows], hidden.sum(0).expand(rows, 64))
+    assert bool((weight.grad[rows:] == 0).all())
+
+
 @pytest.mark.parametrize("length", [1, 5, 15, 16, 40])
 def test_cpu_softmax_equals_torchs_on_short_and_long_rows(length: int) -> None:
     """`kernels.softmax` (elementwise below 16 entries a row on the CPU) gives torch's softmax, masked

@@ -23,7 +23,14 @@ from torch import Tensor, nn
 
 from nmt_cli.config.model import ModelConfig
 from nmt_cli.data.dataset import BOS, EOS, PAD
-from nmt_cli.model.kernels import Dropout, attention, attention_weights, cached_attention, relu
+from nmt_cli.model.kernels import (
+    Dropout,
+    attention,
+    attention_weights,
+    cached_attention,
+    output_projection,
+    relu,
+)
 
 # One dict per decoder layer: "memory_k"/"memory_v" over the encoder output (one copy per sentence),
 # "k"/"v" of the self-attention so far (one per row), "k_next"/"v_next" prepared by `reorder`.
@@ -309,7 +316,7 @@ class Transformer(nn.Module):
         """(..., D) -> (..., V_out): the output projection, tied to the embedding unless separate; over
         the first `output_vocab` dictionary entries (all of them unless set)."""
         weight = self.output_proj.weight if self.cfg.share_embeddings == "none" else self.embed.weight
-        return F.linear(hidden, weight[: self.output_vocab])
+        return output_projection(hidden, weight, self.output_vocab)
 
     def forward(self, src: Tensor, prev: Tensor, keep: Tensor | None = None) -> Tensor:
         """Teacher-forced logits (B, T, V), or (N, V) for the N flat positions of (B * T) in `keep`
