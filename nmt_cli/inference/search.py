@@ -62,6 +62,7 @@ from nmt_cli.inference.beams import (
     live_first,
     next_tokens,
 )
+from nmt_cli.model import kernels
 from nmt_cli.model.transformer import Cache, Encoded, Transformer
 
 
@@ -175,6 +176,7 @@ class _Finished:
 
 
 @torch.inference_mode()
+@kernels.packed_weights()
 def beam_search(model: Transformer, src: Tensor, *, beam: int, nbest: int, lenpen: float | Penalty,
                 max_len_a: float, max_len_b: int, cached: bool = True, style: BeamStyle = "paper",
                 constraint: Constraint | None = None) -> list[list[Hypothesis]]:
@@ -400,6 +402,7 @@ def _batches(sizes: np.ndarray, max_tokens: int, workers: int) -> list[np.ndarra
 
 
 @torch.inference_mode()
+@kernels.packed_weights()
 def reference_search(model: Transformer, source: Sequence[int], *, beam: int, nbest: int, lenpen: float,
                      max_len_a: float, max_len_b: int, style: BeamStyle = "paper") -> list[Hypothesis]:
     """The search of the module docstring for one sentence, in plain Python over full forward passes

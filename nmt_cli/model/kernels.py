@@ -9,8 +9,10 @@ paths that compute the same thing faster than torch's defaults do for translatio
 
 from __future__ import annotations
 
+import contextlib
 import platform
-import weakref
+import threading
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -74,55 +76,57 @@ def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None, causal: bool) -
 def output_projection(hidden: Tensor, weight: Tensor, rows: int) -> Tensor:
     """hidden (..., D) @ weight[:rows]^T: the output projection onto the vocabulary (section 3.4).
 
-    Inference in float32 on an x86 CPU takes oneDNN's matrix product with the weight packed once
-    into its blocked layout (kept while the weight is unchanged): the projection's matrix is wide
-    (rows = the vocabulary) and the search's batches are short (a few to 256 rows), where torch's
-    default (MKL) product runs well below the CPU's peak. On a 2-core AMD EPYC (AVX2) it ran at 1.3x
-    (256 rows) to 1.7x (4 rows) MKL's speed, and beam search went 1.1x as fast: benchmarks/README.md.
-    The result equals torch's to rounding (another order of the same sums). Elsewhere (training, a
-    GPU, bf16, inside torch.compile, or where this torch lacks the operation): `F.linear`."""
+    Inside `packed_weights` (a search), in float32 on an x86 CPU, it takes oneDNN's matrix product
+    with the weight packed once into its blocked layout: the projection's matrix is wide (rows = the
+    vocabulary) and the search's batches are short (a few to 256 rows), where torch's default (MKL)
+    product runs well below the CPU's peak. On a 2-core AMD EPYC (AVX2) it ran at 1.3x (256 rows) to
+    1.7x (4 rows) MKL's speed, and beam search went 1.1x as fast: benchmarks/README.md. The result
+    equals torch's to rounding (another order of the same sums). Elsewhere (training and its
+    validation loss, a GPU, bf16, inside torch.compile, or where this torch lacks the operation):
+    `F.linear`."""
     weight = weight[:rows]
-    if (hidden.dtype != torch.float32 or weight.dtype != torch.float32 or hidden.device.type != "cpu"
-            or torch.is_grad_enabled() or torch.compiler.is_compiling() or not _PACKING):
+    packed = getattr(_scope, "packed", None)
+    if (packed is None or hidden.dtype != torch.float32 or weight.dtype != torch.float32
+            or hidden.device.type != "cpu" or torch.is_grad_enabled() or torch.compiler.is_compiling()):
         return F.linear(hidden, weight)
-    packed = _packed_weight(weight)
-    if packed is None:
+    key = (weight.data_ptr(), tuple(weight.shape))
+    if key not in packed:
+        try:
+            packed[key] = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(),
+                                                                  PACKED_FOR_ROWS)
+        except RuntimeError:  # oneDNN refused it: torch's product, for the rest of the search
+            packed[key] = None
+    if packed[key] is None:
         return F.linear(hidden, weight)
     flat = hidden.reshape(-1, hidden.shape[-1])
     if not flat.is_contiguous():
         flat = flat.contiguous()
-    logits = torch.ops.mkldnn._linear_pointwise(flat, packed, None, "none", [], "")
+    logits = torch.ops.mkldnn._linear_pointwise(flat, packed[key], None, "none", [], "")
     return logits.view(*hidden.shape[:-1], rows)
+
+
+@contextlib.contextmanager
+def packed_weights() -> Iterator[None]:
+    """Within it, on this thread, `output_projection` packs each weight on first use and reuses it:
+    for a search, whose weights cannot change. Packs never outlive it, because a weight can change
+    in place unseen: torch's fused Adam step, for one, leaves the tensor's version counter as it was
+    (a pack kept across a training run's validations was the first update's weights). Packing takes
+    2 ms for the Multi30k model's 7,792 x 128 weight and 0.1 s for 32,000 x 1,024 (transformer_big),
+    once a batch of sentences, which takes seconds."""
+    if not _PACKING or hasattr(_scope, "packed"):
+        yield
+        return
+    _scope.packed = {}
+    try:
+        yield
+    finally:
+        del _scope.packed
 
 
 # oneDNN's packed product: on x86 CPUs only (where it was measured), in a torch that has it.
 _PACKING = (platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
-# id of a weight (the parameter, or its slice's base) -> (data pointer, version, shape, packed copy),
-# dropped with the weight
-_PACKED: dict[int, tuple[int, int, tuple[int, ...], Tensor]] = {}
-
-
-def _packed_weight(weight: Tensor) -> Tensor | None:
-    """`weight` in oneDNN's layout, packed on first use and again whenever it has changed; None if
-    oneDNN refuses it (then `F.linear`)."""
-    global _PACKING
-    base = weight if weight._base is None else weight._base
-    key = (weight.data_ptr(), base._version, tuple(weight.shape))
-    found = _PACKED.get(id(base))
-    if found is not None and found[:3] == key:
-        return found[3]
-    try:
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACKED_FOR_ROWS)
-    except RuntimeError:
-        _PACKING = False
-        return None
-    if id(base) not in _PACKED:
-        weakref.finalize(base, _PACKED.pop, id(base), None)
-    _PACKED[id(base)] = (*key, packed)
-    return packed
-
-
+_scope = threading.local()  # .packed inside `packed_weights`: (data pointer, shape) -> packed weight
 PACKED_FOR_ROWS = 256  # the batch size oneDNN is told to pack for: the search's chunks (beams.CHUNK_ROWS)
 
 
