@@ -1,9 +1,9 @@
-"""How the model's attention, dropout and ReLU run on each device: the paper's operations, with CPU
-paths that compute the same thing faster than torch's defaults do for translation's short sentences
-(and, for the ReLU, faster than inductor compiles torch's).
+"""How the model's attention, dropout, ReLU and output projection run on each device: the paper's
+operations, with CPU paths that compute the same thing faster than torch's defaults do for
+translation's short sentences (and, for the ReLU, faster than inductor compiles torch's).
 
 `transformer.py` calls these and nothing device-specific itself. GPUs take torch's own kernels
-(`scaled_dot_product_attention`, `nn.Dropout`). Speeds of each path against torch's:
+(`scaled_dot_product_attention`, `nn.Dropout`, `F.linear`). Speeds of each path against torch's:
 `benchmarks/model_kernels.py`, figures in benchmarks/README.md ("Model kernels").
 """
 
