@@ -293,8 +293,9 @@ def test_averaged_checkpoints_follow_updates_and_the_clock_saves_for_crashes_onl
         "0.0003")
     stopped = model_file.load(save / "checkpoint_last.pt")["train"]["update"]
     valid = [r["update"] for r in _records(save, "valid")]
-    # the clock is due once an update has run since the last save, and update 2 is off the cadence
-    assert stopped >= 2 and valid[0] == 2 and valid[-1] == stopped
+    # The clock is read before each update: it is due at update 2 (off the cadence), or already at
+    # update 1 where the start took more than its 0.6 ms (CI's loaded 2-core machine did once).
+    assert stopped >= 2 and valid[0] in (1, 2) and valid[-1] == stopped
     assert all(u in valid or u - 1 in valid for u in range(3, stopped + 1)), valid
     assert all(u % 4 == 0 for u, _ in checkpoint.numbered_checkpoints(save))
     end = max(stopped + 3, 9)  # at least three numbered checkpoints: 4, 8 and the end
