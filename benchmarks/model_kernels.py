@@ -27,7 +27,8 @@ Rows, each against what torch would do without it:
 - the softmax of cached self-attention's rows of 12 positions: `kernels.softmax` against torch's;
 - the output projection of 4, 64 and 256 decoder rows of 128 onto 7792 words, fp32, outside
   autograd (a step of the search, or one of its chunks, on the Multi30k model):
-  `kernels.output_projection` (oneDNN, the weight packed once) against `F.linear` (MKL);
+  `kernels.output_projection` in a search's `packed_weights` (oneDNN, the weight packed once)
+  against `F.linear` (MKL);
 - the best 4 of 7968 logits of 1200 rows compiled, bf16: `beams.best_tokens`' two stages against
   `log_softmax` + `topk` over whole rows.
 The compiled rows need a C++ compiler; they are left out where torch.compile cannot run. `--groups`
@@ -149,7 +150,7 @@ def search_rows(repeats: int) -> list[tuple[str, str, float]]:
     weight = torch.randn(7792, 128, generator=g)
     for n in (4, 64, 256):
         hidden = torch.randn(n, 128, generator=g)
-        with torch.inference_mode():
+        with torch.inference_mode(), kernels.packed_weights():  # as in a search
             rows.append((f"output projection, {n} rows of 128 onto 7792, fp32", "kernels.output_projection",
                          timed(lambda h=hidden: kernels.output_projection(h, weight, 7792), repeats)))
             rows.append(("", "F.linear", timed(lambda h=hidden: F.linear(h, weight), repeats)))
