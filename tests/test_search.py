@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 import torch
 from torch import Tensor
+from torch._dynamo.utils import counters
 
 from conftest import why_torch_compile_cannot_run
 from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.config.model import ModelConfig
 from nmt_cli.data.dataset import BOS, EOS, PAD
-from nmt_cli.inference.beams import Beams, best_tokens, group_size, top_k
+from nmt_cli.inference.beams import CHUNK_ROWS, Beams, best_tokens, group_size, top_k
 from nmt_cli.inference.search import (
     IncrementalDecoder,
     _batches,
@@ -190,6 +191,14 @@ def test_compiled_search_equals_reference(monkeypatch: pytest.MonkeyPatch) -> No
             lengths.update(len(h.tokens) for h in hyps)
     assert len(lengths) > 1  # hypotheses ended at different steps
     assert layouts  # and slots were left empty: some steps decoded fewer rows than slots
+    # More rows than the eager step's chunk of the projection (`beams.CHUNK_ROWS`) are searched by
+    # the graphs above: a guard on the rows' count made each graph compile again for them, past
+    # dynamo's limit on recompiles, and a compiled search ran several times slower than an eager one.
+    graphs = counters["stats"]["unique_graphs"]
+    many = random_sources(256, [5, 3, 7, 4] * 20, seed=1)  # 80 sentences, up to 400 rows
+    assert len(many) * 5 > CHUNK_ROWS
+    beam_search(model, padded(many), beam=5, nbest=1, lenpen=0.6, max_len_a=1.0, max_len_b=4)
+    assert counters["stats"]["unique_graphs"] == graphs
 
 
 @pytest.mark.parametrize("workers", [1, 2, 4])

@@ -58,8 +58,10 @@ def next_tokens(model: Transformer, tokens: Tensor, step: int, enc: Encoded, cac
     With the C kernel on a CPU, a step of more than `CHUNK_ROWS` rows takes its output projection and
     best tokens `CHUNK_ROWS` rows at a time, each chunk's logits read while still in the cache (1.14-1.37x
     as fast on 1400 rows of 7,792 and 600 of 32,000 as one projection of all rows: benchmarks/README.md)."""
-    if (isinstance(model, Transformer) and tokens.shape[0] > CHUNK_ROWS and tokens.device.type == "cpu"
-            and not torch.compiler.is_compiling() and native.library() is not None):
+    # is_compiling first: a compiled graph must not test the rows (a guard on them would make every
+    # graph of up to CHUNK_ROWS rows compile again for more, past dynamo's limit on recompiles)
+    if (not torch.compiler.is_compiling() and isinstance(model, Transformer) and tokens.shape[0] > CHUNK_ROWS
+            and tokens.device.type == "cpu" and native.library() is not None):
         hidden = model.decode_hidden(tokens, step, enc, cache, beams)
         return NextTokens(*map(torch.cat, zip(*(
             _best_allowed(model.logits(hidden[i : i + CHUNK_ROWS]), k,
