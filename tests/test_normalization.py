@@ -98,6 +98,29 @@ def test_an_old_model_file_keeps_translating_the_raw_text(model_files: dict[str,
     assert _source_ids(path, CURLY) == _source_ids(path, CURLY, "none") != _source_ids(path, STRAIGHT)
 
 
+def test_a_model_exported_for_ctranslate2_normalises_as_its_model_file(model_files: dict[str, Path],
+                                                                       tmp_path: Path) -> None:
+    """`nmt export ctranslate2` carries the record into the folder's nmt.json; `nmt translate DIR`
+    applies it (or not, with --normalize none); a folder exported before it was carried, without the
+    key, and the export of an old model file translate the raw text."""
+    pytest.importorskip("ctranslate2", reason="the optional ctranslate2 package is not installed")
+    from nmt_cli.config.convert import Ctranslate2ExportConfig
+    from nmt_cli.inference import ct2
+
+    exported, old = tmp_path / "normalised", tmp_path / "old"
+    ct2.run(Ctranslate2ExportConfig(model=model_files["normalised"], out=exported))
+    ct2.run(Ctranslate2ExportConfig(model=model_files["old"], out=old))
+    assert json.loads((exported / "nmt.json").read_text())["source_normalization"] == RECORD
+    assert _source_ids(exported, CURLY) == _source_ids(exported, STRAIGHT) == _source_ids(
+        model_files["normalised"], CURLY)
+    assert _source_ids(exported, CURLY, "none") != _source_ids(exported, STRAIGHT, "none")
+    assert _source_ids(old, CURLY) == _source_ids(old, CURLY, "none") != _source_ids(old, STRAIGHT)
+    settings = json.loads((exported / "nmt.json").read_text())
+    del settings["source_normalization"]
+    (exported / "nmt.json").write_text(json.dumps(settings))
+    assert _source_ids(exported, CURLY) == _source_ids(exported, CURLY, "none")
+
+
 def test_the_record_goes_from_prepare_through_bpe_and_binarize_and_only_sources_are_normalised(
         tmp_path: Path) -> None:
     pairs = [(f"{s} {i}", f"{s} ziel {i}") for i in range(30) for s in SAMPLES]

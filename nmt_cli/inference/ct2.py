@@ -28,6 +28,7 @@ import torch
 
 from nmt_cli.config.convert import Ctranslate2ExportConfig
 from nmt_cli.config.inference import TranslateConfig
+from nmt_cli.data.clean import Normalization
 from nmt_cli.data.dataset import Dictionary
 from nmt_cli.errors import NmtError
 from nmt_cli.inference.search import Hypothesis, cpu_workers
@@ -57,7 +58,7 @@ def _ctranslate2() -> Any:
 
 def run(cfg: Ctranslate2ExportConfig) -> None:
     ct2 = _ctranslate2()
-    model, dictionary, spm_bytes = model_file.load_model(Path(cfg.model))
+    model, dictionary, spm_bytes, normalization = model_file.load_model_for_text(Path(cfg.model))
     spec = model_spec(ct2, model, dictionary, Path(cfg.model))
     out = Path(cfg.out)
     if out.exists() and not (out / "nmt.json").is_file():
@@ -70,9 +71,13 @@ def run(cfg: Ctranslate2ExportConfig) -> None:
         spec.save(str(tmp))
         (tmp / "spm.model").write_bytes(spm_bytes)
         dictionary.save(tmp / "dict.txt")
-        (tmp / "nmt.json").write_text(json.dumps({"format": FORMAT, "model": str(cfg.model),
-                                                  "max_positions": model.cfg.max_positions,
-                                                  "quantization": cfg.quantization}), encoding="utf-8")
+        # the model file's source normalisation goes with it: `nmt translate DIR` applies it as
+        # `nmt translate MODEL` does (None: the file does not say, and neither does the folder)
+        (tmp / "nmt.json").write_text(json.dumps({
+            "format": FORMAT, "model": str(cfg.model), "max_positions": model.cfg.max_positions,
+            "quantization": cfg.quantization,
+            "source_normalization": None if normalization is None else normalization.record()}),
+            encoding="utf-8")
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -178,6 +183,9 @@ class Engine:
         if cfg.length_penalty == "gnmt" and cfg.beam > 1:
             warn("CTranslate2 ranks hypotheses with fairseq's length penalty |Y|^alpha, not GNMT's")
         self.cfg, self.model = cfg, _Limits(int(settings["max_positions"]))
+        # absent from folders exported before nmt carried it: those translate the raw text, as ever
+        self.normalization = Normalization.from_record(settings.get("source_normalization"),
+                                                       f"{folder}/nmt.json", "export the model again")
         self.dictionary = Dictionary.load(folder / "dict.txt")
         self.spm_bytes = (folder / "spm.model").read_bytes()
         cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())

@@ -266,7 +266,8 @@ def load_translator(cfg: TranslateConfig, warn: Warn, cpu: Cpu | None = None) ->
     if len(cfg.model) == 1 and (Path(cfg.model[0]) / "nmt.json").is_file():  # by `nmt export ctranslate2`
         engine = ct2.Engine(cfg, warn)
         sp = sentencepiece_processor(engine.spm_bytes, f"{cfg.model[0]}/spm.model", "export the model again")
-        return Translator(engine.model, engine.dictionary, sp, cfg, warn, search=engine.search)
+        return Translator(engine.model, engine.dictionary, sp, cfg, warn, search=engine.search,
+                          normalization=engine.normalization if cfg.normalize == "model" else None)
     device, dtype = _device_and_dtype(cfg)
     workers = 1
     if device.type == "cpu":
