@@ -468,6 +468,26 @@ def exported(w: World) -> Path:
 for fault in ("empty", "huge_line", "invalid_utf8", "nul", "crlf", "blank_lines", "no_final_newline"):
     works("translate", f"ctranslate2_{fault}", lambda w, tmp, fault=fault: translate_args(
         exported(w), w.texts[fault], tmp), one_line_per_line(fault))
+def damaged_export(w: World, tmp: Path, settings: object) -> Path:
+    """A copy of the exported folder whose nmt.json holds `settings` instead."""
+    folder = tmp / "damaged"
+    shutil.copytree(exported(w), folder)
+    (folder / "nmt.json").write_text(json.dumps(settings), encoding="utf-8")
+    return folder
+
+
+def exported_settings(w: World, **changes: object) -> dict[str, object]:
+    return {**json.loads((exported(w) / "nmt.json").read_text()), **changes}
+
+
+refused("translate", "ctranslate2_settings_not_an_object", lambda w, tmp: translate_args(
+    damaged_export(w, tmp, [1, 2]), w.texts["crlf"], tmp), "nmt.json", "export the model again")
+refused("translate", "ctranslate2_max_positions_damaged", lambda w, tmp: translate_args(
+    damaged_export(w, tmp, exported_settings(w, max_positions="many")), w.texts["crlf"], tmp),
+    "nmt.json", "max_positions", "export the model again")
+refused("translate", "ctranslate2_normalization_damaged", lambda w, tmp: translate_args(
+    damaged_export(w, tmp, exported_settings(w, source_normalization={"normalize_punctuation": "yes"})),
+    w.texts["crlf"], tmp), "nmt.json", "normalisation record is damaged", "export the model again")
 refused("translate", "input_is_a_folder", lambda w, tmp: translate_args(w.model, tmp, tmp), "is a folder")
 refused("translate", "input_missing", lambda w, tmp: translate_args(w.model, tmp / "nothing", tmp),
         "does not exist")

@@ -30,7 +30,7 @@ from nmt_cli.config.convert import Ctranslate2ExportConfig
 from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.data.clean import Normalization
 from nmt_cli.data.dataset import Dictionary
-from nmt_cli.errors import NmtError
+from nmt_cli.errors import NmtError, shown
 from nmt_cli.inference.search import Hypothesis, cpu_workers
 from nmt_cli.model import file as model_file
 from nmt_cli.model.transformer import Transformer
@@ -178,11 +178,15 @@ class Engine:
         except (OSError, ValueError):
             raise NmtError(f"{folder} is a folder but not one `nmt export ctranslate2` wrote (no readable "
                            "nmt.json): give a model file or an exported folder") from None
-        if settings.get("format") != FORMAT:
+        if not isinstance(settings, dict) or settings.get("format") != FORMAT:
             raise NmtError(f"{folder}/nmt.json is not of this nmt's format {FORMAT}: export the model again")
+        positions = settings.get("max_positions")
+        if type(positions) is not int or positions < 1:
+            raise NmtError(f"{folder}/nmt.json: its max_positions is damaged ({shown(positions)}); "
+                           "export the model again")
         if cfg.length_penalty == "gnmt" and cfg.beam > 1:
             warn("CTranslate2 ranks hypotheses with fairseq's length penalty |Y|^alpha, not GNMT's")
-        self.cfg, self.model = cfg, _Limits(int(settings["max_positions"]))
+        self.cfg, self.model = cfg, _Limits(positions)
         # absent from folders exported before nmt carried it: those translate the raw text, as ever
         self.normalization = Normalization.from_record(settings.get("source_normalization"),
                                                        f"{folder}/nmt.json", "export the model again")
