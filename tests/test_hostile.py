@@ -468,6 +468,8 @@ def exported(w: World) -> Path:
 for fault in ("empty", "huge_line", "invalid_utf8", "nul", "crlf", "blank_lines", "no_final_newline"):
     works("translate", f"ctranslate2_{fault}", lambda w, tmp, fault=fault: translate_args(
         exported(w), w.texts[fault], tmp), one_line_per_line(fault))
+
+
 def damaged_export(w: World, tmp: Path, settings: object) -> Path:
     """A copy of the exported folder whose nmt.json holds `settings` instead."""
     folder = tmp / "damaged"
@@ -488,6 +490,7 @@ refused("translate", "ctranslate2_max_positions_damaged", lambda w, tmp: transla
 refused("translate", "ctranslate2_normalization_damaged", lambda w, tmp: translate_args(
     damaged_export(w, tmp, exported_settings(w, source_normalization={"normalize_punctuation": "yes"})),
     w.texts["crlf"], tmp), "nmt.json", "normalisation record is damaged", "export the model again")
+
 refused("translate", "input_is_a_folder", lambda w, tmp: translate_args(w.model, tmp, tmp), "is a folder")
 refused("translate", "input_missing", lambda w, tmp: translate_args(w.model, tmp / "nothing", tmp),
         "does not exist")
