@@ -8,9 +8,12 @@ translate` runs) and without any cache (every step re-runs the full model over t
 the slow reference), measured in the same run, both with `--threads` batches searched at
 once on one torch thread each, as `nmt translate` does on the CPU. The uncached search is timed on the first
 `--reference-sentences` sentences only (it is quadratic); its rates are per sentence all the same.
-With `--compile`, also rows of the decoder step compiled as `nmt translate --compile` runs it
-(`--threads` worker processes, each with its own copy of the model compiled on one thread), timed
-after compiling; how long starting them and compiling took is printed below each such row. Times
+With `--ctranslate2`, also rows of the model exported to CTranslate2, and a row of nmt's search run as
+CTranslate2's is (`--length-penalty fairseq --stop beam`, the default dtype), with its share of lines
+identical to CTranslate2 float32's. With `--compile`, also rows of the decoder step compiled as
+`nmt translate --compile` runs it (`--threads` worker processes, each with its own copy of the
+model compiled on one thread), timed after compiling; how long starting them and compiling took is
+printed below each such row. Times
 cover the search and sentencepiece encoding/decoding, not model loading; `cpu s` is the CPU time of
 all threads (well below seconds x threads when other processes share the cores; not shown for the
 worker processes). Also prints sacreBLEU of each output, as a check of what the model is.
@@ -69,6 +72,8 @@ def main() -> None:
     parser.add_argument("--dtypes", default="fp32,bf16")
     parser.add_argument("--beam-style", choices=("paper", "shrinking"), default="paper",
                         help="nmt's search (CTranslate2 has its own)")
+    parser.add_argument("--stop", choices=("bound", "beam"), default="bound",
+                        help="nmt's stopping rule (CTranslate2 has its own)")
     parser.add_argument("--compile", action="store_true",
                         help="also time the search with the decoder step compiled")
     parser.add_argument("--ctranslate2", action="store_true",
@@ -96,7 +101,7 @@ def main() -> None:
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
         for beam in (4, 1):
             cfg = TranslateConfig(model=args.model, beam=beam, max_tokens=args.max_tokens,
-                                  beam_style=args.beam_style)
+                                  beam_style=args.beam_style, stop=args.stop)
             translator = Translator(model.to(dtype), dictionary, sp, cfg, lambda _: None,
                                     workers=args.threads)
             measure(translator, lines[:20], cached=True)  # warm-up: thread pools, kernel selection
@@ -107,13 +112,25 @@ def main() -> None:
             if args.compile:
                 measure_compiled(translator, beam, dtype_name, lines, refs, args.threads)
     if args.ctranslate2:
-        measure_ctranslate2(args, lines, refs)
         default = "bf16" if auto_cpu_dtype(this_cpu(), model.cfg.d_model, 4) == torch.bfloat16 else "fp32"
+        # nmt's search as CTranslate2 runs it (fairseq's): the like-for-like row
+        cfg = TranslateConfig(model=args.model, beam=4, max_tokens=args.max_tokens, length_penalty="fairseq",
+                              stop="beam")
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[default]
+        translator = Translator(model.to(dtype), dictionary, sp, cfg, lambda _: None, workers=args.threads)
+        measure(translator, lines[:20], cached=True)
+        as_ct2 = measure(translator, lines, cached=True)
+        print_row(4, default, "as CT2", lines, *as_ct2, refs)
+        ct2_outputs = measure_ctranslate2(args, lines, refs)
         if ("incremental", default) in BEAM4 and ("ctranslate2", "fp32") in BEAM4:
             nmt_rate, ct2_rate = BEAM4["incremental", default], BEAM4["ctranslate2", "fp32"]
-            print(f"nmt translate's default here (--dtype auto: {default}; --beam-style {args.beam_style}), "
-                  f"beam 4: {nmt_rate:.1f} sent/s, {nmt_rate / ct2_rate:.2f}x CTranslate2 float32's "
-                  f"{ct2_rate:.1f}")
+            print(f"nmt translate's default here (--dtype auto: {default}; --beam-style {args.beam_style}, "
+                  f"--stop {args.stop}), beam 4: {nmt_rate:.1f} sent/s, {nmt_rate / ct2_rate:.2f}x "
+                  f"CTranslate2 float32's {ct2_rate:.1f}")
+            same = sum(a == b for a, b in zip(as_ct2[3], ct2_outputs, strict=True)) / len(lines)
+            print(f"nmt as CTranslate2 searches (--length-penalty fairseq --stop beam), beam 4: "
+                  f"{BEAM4['as CT2', default]:.1f} sent/s, {BEAM4['as CT2', default] / ct2_rate:.2f}x; "
+                  f"{same:.1%} of its lines the same as CTranslate2 float32's")
 
 
 BEAM4: dict[tuple[str, str], float] = {}  # (decoder, dtype) -> sentences/s of the beam 4 rows printed
@@ -150,9 +167,10 @@ def measure_compiled(translator: Translator, beam: int, dtype_name: str, lines: 
           flush=True)
 
 
-def measure_ctranslate2(args: argparse.Namespace, lines: list[str], refs: list[str]) -> None:
+def measure_ctranslate2(args: argparse.Namespace, lines: list[str], refs: list[str]) -> list[str]:
     """Rows of the exported model, as `nmt translate DIR` runs it (CTranslate2's search with
-    `--threads` intra-op threads; its length penalty is fairseq's |Y|^alpha, alpha 0.6)."""
+    `--threads` intra-op threads; its length penalty is fairseq's |Y|^alpha, alpha 0.6). Returns
+    float32's beam 4 outputs."""
     import tempfile
 
     import ctranslate2
@@ -170,7 +188,7 @@ def measure_ctranslate2(args: argparse.Namespace, lines: list[str], refs: list[s
             ct2.run(Ctranslate2ExportConfig(model=args.model, out=out, quantization=quantization))
             for beam in (4, 1):
                 cfg = TranslateConfig(model=out, beam=beam, max_tokens=args.max_tokens, threads=args.threads,
-                                      device="cpu", length_penalty="fairseq")
+                                      device="cpu", length_penalty="fairseq", stop="beam")
                 engine = ct2.Engine(cfg, lambda _: None)
                 sp = spm.SentencePieceProcessor(model_proto=engine.spm_bytes)
                 translator = Translator(engine.model, engine.dictionary, sp, cfg, lambda _: None,
@@ -179,6 +197,9 @@ def measure_ctranslate2(args: argparse.Namespace, lines: list[str], refs: list[s
                 row = measure_search(translator, lines)
                 print_row(beam, {"float32": "fp32", "bfloat16": "bf16"}.get(quantization, quantization),
                           "ctranslate2", lines, *row, refs)
+                if (quantization, beam) == ("float32", 4):
+                    float32_outputs = row[3]
+    return float32_outputs
 
 
 def measure_search(translator: Translator, lines: list[str]) -> tuple[float, float, int, list[str]]:

@@ -45,9 +45,15 @@ def test_exported_model_translates_as_nmt(imported: dict[str, Path], multi30k_te
     exported = _translate(tmp_path / "f32", source, tmp_path / "f32.txt", "--beam", 1, threads=2)
     same = sum(a == b for a, b in zip(ours, exported, strict=True)) / len(ours)
     assert len(ours) == 1000 and same >= 0.99, f"greedy: the same on {same:.1%} of the lines"
-    beam = ("--beam", 4, "--length-penalty", "fairseq")
-    bleu = [sacrebleu.corpus_bleu(_translate(m, source, tmp_path / f"{name}.beam", *beam), [refs]).score
-            for name, m in (("nmt", model), ("int8", tmp_path / "int8"))]
+    # CTranslate2's beam search is fairseq's, which these two options select (99.9% identical when
+    # written; 98.9% with nmt's default stopping rule)
+    beam = ("--beam", 4, "--length-penalty", "fairseq", "--stop", "beam")
+    runs = (("nmt", model, ("--dtype", "fp32")), ("f32", tmp_path / "f32", ()),
+            ("int8", tmp_path / "int8", ()))
+    found = {name: _translate(m, source, tmp_path / f"{name}.beam", *beam, *dtype) for name, m, dtype in runs}
+    same = sum(a == b for a, b in zip(found["nmt"], found["f32"], strict=True)) / len(ours)
+    assert same >= 0.995, f"beam 4: the same on {same:.1%} of the lines"
+    bleu = [sacrebleu.corpus_bleu(found[name], [refs]).score for name in ("nmt", "int8")]
     assert abs(bleu[0] - bleu[1]) <= 1.0, bleu
 
 

@@ -40,8 +40,8 @@ EXERCISED_ELSEWHERE = {
     # The interop block, on the two real fairseq models of ../shared/data/fairseq-model.
     "nmt import fairseq fairseq/checkpoints/checkpoint_best.pt "
     "--out imported.pt": "test_fairseq_import.py::test_imported_file_is_an_nmt_model",
-    "nmt translate imported.pt --input test.en "
-    "--length-penalty fairseq": "test_ctranslate2.py::test_exported_model_translates_as_nmt",
+    "nmt translate imported.pt --input test.en --length-penalty fairseq "
+    "--stop beam": "test_ctranslate2.py::test_exported_model_translates_as_nmt",
     "nmt train data-bin-of-nmt --init imported.pt --save-dir "
     "finetuned": "test_fairseq_import.py::test_fine_tuning_an_imported_model_lowers_its_validation_loss",
     "nmt translate a.pt b.pt "

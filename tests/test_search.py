@@ -232,11 +232,12 @@ def test_batches_of_a_small_input_are_one_a_worker_and_of_long_sentences_alone(w
 @pytest.mark.parametrize("beam,nbest,alpha", [(1, 1, 0.6), (4, 1, 0.6), (4, 4, 1.0), (5, 2, 0.0),
                                               (3, 1, -0.5)])
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("style", ["paper", "shrinking"])
-def test_batched_search_equals_reference(beam: int, nbest: int, alpha: float, seed: int, style: str) -> None:
+@pytest.mark.parametrize("style,stop", [("paper", "bound"), ("shrinking", "bound"), ("paper", "beam")])
+def test_batched_search_equals_reference(beam: int, nbest: int, alpha: float, seed: int, style: str,
+                                         stop: str) -> None:
     model = random_model(24, seed)
     sources = random_sources(24, [3, 7, 1, 5, 9, 2], seed)
-    settings = dict(beam=beam, nbest=nbest, lenpen=alpha, max_len_a=1.0, max_len_b=4, style=style)
+    settings = dict(beam=beam, nbest=nbest, lenpen=alpha, max_len_a=1.0, max_len_b=4, style=style, stop=stop)
     found = beam_search(model, padded(sources), **settings)
     uncached = beam_search(model, padded(sources), **settings, cached=False)
     lengths = set()
@@ -316,6 +317,31 @@ def test_the_paper_beam_drops_only_hypotheses_that_cannot_enter_the_nbest() -> N
         assert [h.tokens for h in hyps] == [h.tokens for h in expected]
         # as the tests above: the cached and the full passes round differently
         assert [h.score for h in hyps] == pytest.approx([h.score for h in expected], abs=1e-4)
+
+
+def test_stopping_once_beam_hypotheses_finished_is_sooner_and_never_scores_higher() -> None:
+    """fairseq's and CTranslate2's rule (`stop="beam"`) ends a sentence once `beam` hypotheses have
+    finished: here on fewer decoder rows, with another best hypothesis for some sentences, never a
+    better-scored one than the bound's (which returns what a search to the maximum length would)."""
+    model = random_model(24, seed=2)
+    with torch.no_grad():
+        model.embed.weight[EOS] *= 2  # hypotheses end early and often
+    sources = random_sources(24, [3, 7, 1, 5, 9, 2, 6, 4], seed=0)
+    settings = dict(beam=4, nbest=1, lenpen=1.0, max_len_a=1.0, max_len_b=6)
+    found, rows = {}, {}
+    step = IncrementalDecoder.step
+    for stop in ("bound", "beam"):
+        counted: list[int] = []
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(IncrementalDecoder, "step", lambda self, tokens, *rest, counted=counted:
+                          counted.append(len(tokens)) or step(self, tokens, *rest))
+            found[stop] = [hyps[0] for hyps in beam_search(model, padded(sources), **settings, stop=stop)]
+        rows[stop] = sum(counted)
+    assert rows["beam"] < rows["bound"]
+    differ = [a.tokens != b.tokens for a, b in zip(found["bound"], found["beam"], strict=True)]
+    assert any(differ)
+    for exact, sooner, different in zip(found["bound"], found["beam"], differ, strict=True):
+        assert exact.score > sooner.score if different else exact.score == pytest.approx(sooner.score)
 
 
 def greedy(model: Transformer, source: list[int], max_len: int) -> list[int]:

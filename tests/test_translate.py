@@ -161,8 +161,9 @@ def test_missing_cuda_and_cpu_fp16_are_refused(tiny_trained_model: Path) -> None
 def test_compiled_decoder_translates_as_the_eager_one_and_a_dead_worker_is_a_clear_error(
         tiny_trained_model: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """--compile with two threads (fused kernels, in two worker processes, `Replicas`) gives the eager
-    decoder's translations in fp32, batches of several sentences and single ones alike, beam 4, with
-    no graph compiled mid-search; then a worker killed (as the out-of-memory killer would) stops the
+    decoder's translations in fp32, batches of several sentences and single ones alike, beam 4 with
+    fairseq's length penalty and stopping rule (the workers search with the translator's settings),
+    with no graph compiled mid-search; then a worker killed (as the out-of-memory killer would) stops the
     translation with a message that says so, not with a traceback or a hang. One test, because each
     compile costs minutes of a 2-core CI machine (a decoder compiled in this process is test_search's
     `test_compiled_search_equals_reference`; the command line's --compile path up to the compiler,
@@ -170,7 +171,7 @@ def test_compiled_decoder_translates_as_the_eager_one_and_a_dead_worker_is_a_cle
     if (reason := why_torch_compile_cannot_run()) is not None:
         pytest.skip(reason)
     lines = toy_sentences(30, seed=11, max_words=12)
-    settings = dict(beam=4, max_tokens=60, dtype="fp32", threads=2)
+    settings = dict(beam=4, max_tokens=60, dtype="fp32", threads=2, length_penalty="fairseq", stop="beam")
     eager = load(tiny_trained_model, **settings).translate(lines)
     assert len({hyps[0][1] for hyps in eager}) > 20  # real, differing translations
     translator = load(tiny_trained_model, compile=True, **settings)

@@ -11,6 +11,10 @@ from nmt_cli.config.core import Device, Precision, opt, required
 # How the beam search keeps hypotheses (inference/search.py): the paper's (tensor2tensor's, fairseq's)
 # keeps `beam` live ones at every step; the shrinking one (Marian's) gives a finished one's slot up.
 BeamStyle = Literal["paper", "shrinking"]
+# When a sentence's search ends (inference/search.py): once no live hypothesis can still enter the
+# n-best (tensor2tensor's rule, the paper's), or once `beam` hypotheses have finished (fairseq's and
+# CTranslate2's).
+Stop = Literal["bound", "beam"]
 
 
 @dataclass
@@ -26,6 +30,11 @@ class TranslateConfig:
         "paper", "paper: `beam` live hypotheses at every step, finished ones collected beside them "
         "(tensor2tensor, fairseq); shrinking: a finished hypothesis takes its slot with it (Marian)",
         flag="--beam-style")
+    stop: Stop = opt(
+        "bound", "when a sentence's search ends. bound: once no live hypothesis can still enter the n-best "
+        "(tensor2tensor's rule, the paper's: the n-best of a search run to the maximum length); beam: once "
+        "`beam` hypotheses have finished (fairseq's and CTranslate2's rule: fewer steps, but a longer "
+        "hypothesis the length penalty prefers may be missed)", flag="--stop")
     nbest: int = opt(1, "print this many hypotheses per sentence: K lines LINE<TAB>SCORE<TAB>TEXT per input "
                      "line", flag="--nbest", at_least=1)
     lenpen: float = opt(0.6, "GNMT length penalty alpha: score / ((5+|Y|)/6)^alpha", flag="--lenpen")

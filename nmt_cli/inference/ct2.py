@@ -184,8 +184,10 @@ class Engine:
         if type(positions) is not int or positions < 1:
             raise NmtError(f"{folder}/nmt.json: its max_positions is damaged ({shown(positions)}); "
                            "export the model again")
-        if cfg.length_penalty == "gnmt" and cfg.beam > 1:
-            warn("CTranslate2 ranks hypotheses with fairseq's length penalty |Y|^alpha, not GNMT's")
+        if cfg.beam > 1 and (cfg.length_penalty, cfg.stop) != ("fairseq", "beam"):
+            warn("CTranslate2 searches as `--length-penalty fairseq --stop beam` do: it ranks hypotheses "
+                 "with fairseq's length penalty |Y|^alpha and stops a sentence once `beam` hypotheses have "
+                 "finished")
         self.cfg, self.model = cfg, _Limits(positions)
         # absent from folders exported before nmt carried it: those translate the raw text, as ever
         self.normalization = Normalization.from_record(settings.get("source_normalization"),

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.config.inference import TranslateConfig
-from nmt_cli.inference.search import Hypothesis, beam_search, compile_decoder
+from nmt_cli.inference.search import Hypothesis, Penalty, beam_search, compile_decoder
 from nmt_cli.model import file as model_file
 from nmt_cli.model.cpu import keep_freed_memory
 
@@ -133,5 +133,6 @@ def _compiled() -> str:
 
 def _search(src: Tensor) -> list[list[Hypothesis]]:
     cfg: TranslateConfig = _replica["cfg"]
-    return beam_search(_replica["model"], src, beam=cfg.beam, nbest=cfg.nbest, lenpen=cfg.lenpen,
-                       max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b, style=cfg.beam_style)
+    return beam_search(_replica["model"], src, beam=cfg.beam, nbest=cfg.nbest,
+                       lenpen=Penalty(cfg.lenpen, cfg.length_penalty), max_len_a=cfg.max_len_a,
+                       max_len_b=cfg.max_len_b, style=cfg.beam_style, stop=cfg.stop)

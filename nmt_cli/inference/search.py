@@ -28,6 +28,12 @@ The search, for each sentence (Y counts its EOS; log-probabilities are natural l
   as it cannot enter the n-best: its continuations score no higher than it does, so they could
   only ever take beam slots from hypotheses as hopeless (every hypothesis that outranks one of
   them is kept either way), and the n-best come out exactly as with a full beam, on fewer rows.
+- That is the default, tensor2tensor's rule (`stop="bound"`). fairseq and CTranslate2 stop a
+  sentence sooner, as soon as `beam` hypotheses have finished, and collect no more than `beam`
+  (`stop="beam"`; no hypothesis leaves the paper's beam for being hopeless then, as none does in
+  theirs): fewer steps, but a longer hypothesis that the length penalty would rank first can be
+  missed. The bound still stops a sentence whose n-best it has settled (more finished hypotheses
+  could not enter it), so both rules return the same n-best where the bound stops first.
 
 Sentences that are done leave the batch, and so do empty slots: a sentence with fewer live
 hypotheses than the others' gets fewer decoder rows. The beams of one sentence share its encoder states.
@@ -51,7 +57,7 @@ import torch
 from torch import Tensor
 from torch.fx.experimental import _config as fx_config  # its use_duck_shape: see `compile_decoder`
 
-from nmt_cli.config.inference import BeamStyle, TranslateConfig
+from nmt_cli.config.inference import BeamStyle, Stop, TranslateConfig
 from nmt_cli.data.dataset import BOS, EOS, PAD
 from nmt_cli.inference.beams import (
     Beams,
@@ -179,13 +185,13 @@ class _Finished:
 @kernels.packed_weights()
 def beam_search(model: Transformer, src: Tensor, *, beam: int, nbest: int, lenpen: float | Penalty,
                 max_len_a: float, max_len_b: int, cached: bool = True, style: BeamStyle = "paper",
-                constraint: Constraint | None = None) -> list[list[Hypothesis]]:
+                stop: Stop = "bound", constraint: Constraint | None = None) -> list[list[Hypothesis]]:
     """Translate one batch: src (B, S) source ids, right-padded, each ending in EOS.
 
     Returns, for each sentence in order, its best `nbest` hypotheses, best first (fewer only when the
     vocabulary and maximum length allow fewer distinct outputs). `cached=False` runs the same
-    search re-running the full model at every step (for speed comparisons). `style`: see the module
-    docstring. `constraint`: the only tokens each hypothesis may continue with (see `Constraint`).
+    search re-running the full model at every step (for speed comparisons). `style`, `stop`: see the
+    module docstring. `constraint`: the only tokens each hypothesis may continue with (see `Constraint`).
     """
     assert 1 <= nbest <= beam
     style = style if beam > 1 else "shrinking"  # beam 1: greedy (see the module docstring)
@@ -214,17 +220,21 @@ def beam_search(model: Transformer, src: Tensor, *, beam: int, nbest: int, lenpe
         if beams is not None:  # the decoder row each extends (an empty slot has none: N, and is never kept)
             rows = beams.row.view(-1)[rows]
         ends, going_on = chosen(style, values, new_tokens, beam, n_finished)
+        if stop == "beam":  # no more than `beam` finished a sentence, the best first (fairseq's)
+            ends &= ends.cumsum(1) <= (beam - n_finished)[:, None]
         b, j = ends.nonzero().unbind(1)  # one gather and one copy to Python for all that finish
         for sentence, output, log_prob in zip(sentences[b].tolist(), history[rows[b, j]].tolist(),
                                               values[b, j].tolist(), strict=True):
             finished.add(sentence, output, log_prob, lenpen)
         n_finished += ends.sum(1)
         best_lp = final_lp.clamp(min=length_penalty(step + 2.0, lenpen))
-        if style == "paper":  # hopeless hypotheses leave the beam (see the module docstring)
+        if style == "paper" and stop == "bound":  # hopeless hypotheses leave the beam (module docstring)
             going_on &= values.double() / best_lp[:, None] > finished.nth_best[sentences].double()[:, None]
         live, scores, rows, new_tokens = live_first(going_on, values, rows, new_tokens)
         bound = scores[:, 0].double() / best_lp
         done = ~live[:, 0] | (finished.nth_best[sentences].double() >= bound)
+        if stop == "beam":
+            done |= n_finished >= beam
         if bool(done.all()):
             break
         keep = (~done).nonzero()[:, 0] if bool(done.any()) else None
@@ -328,7 +338,7 @@ def translate_ids(model: Transformer, sources: Sequence[Sequence[int]], cfg: Tra
         return beam_search(model, padded(batch).to(device), beam=cfg.beam, nbest=cfg.nbest,
                            lenpen=Penalty(cfg.lenpen, cfg.length_penalty),
                            max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b, cached=cached,
-                           style=cfg.beam_style,
+                           style=cfg.beam_style, stop=cfg.stop,
                            constraint=None if constraint is None else constraint.select(batch.tolist()))
 
     def record(batch: np.ndarray, hypotheses: list[list[Hypothesis]]) -> None:
@@ -404,7 +414,8 @@ def _batches(sizes: np.ndarray, max_tokens: int, workers: int) -> list[np.ndarra
 @torch.inference_mode()
 @kernels.packed_weights()
 def reference_search(model: Transformer, source: Sequence[int], *, beam: int, nbest: int, lenpen: float,
-                     max_len_a: float, max_len_b: int, style: BeamStyle = "paper") -> list[Hypothesis]:
+                     max_len_a: float, max_len_b: int, style: BeamStyle = "paper",
+                     stop: Stop = "bound") -> list[Hypothesis]:
     """The search of the module docstring for one sentence, in plain Python over full forward passes
     (no cache, no batching, no shortcuts): the specification `beam_search` is tested against."""
     src = torch.tensor([list(source)])
@@ -425,6 +436,8 @@ def reference_search(model: Transformer, source: Sequence[int], *, beam: int, nb
         match style:
             case "paper":  # EOS among the best `beam` finish; the best `beam` others go on
                 ending = [(log_p, tokens) for log_p, tokens, t in candidates[:beam] if t == EOS]
+                if stop == "beam":  # at most `beam` finished in all
+                    ending = ending[: beam - len(finished)]
                 live = [(log_p, [*tokens, t]) for log_p, tokens, t in candidates if t != EOS][:beam]
             case "shrinking":  # the best `beam` - finished, whether they end or not
                 kept = candidates[: beam - len(finished)]
@@ -433,7 +446,7 @@ def reference_search(model: Transformer, source: Sequence[int], *, beam: int, nb
         finished += [Hypothesis(tokens, log_p / length_penalty(len(tokens) + 1, lenpen), log_p)
                      for log_p, tokens in ending]
         finished.sort(key=lambda h: -h.score)
-        if not live:
+        if not live or (stop == "beam" and len(finished) >= beam):
             break
         best_lp = max(length_penalty(step + 2, lenpen), length_penalty(max_len + 1, lenpen))
         if len(finished) >= nbest and finished[nbest - 1].score >= live[0][0] / best_lp:
