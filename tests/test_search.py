@@ -4,9 +4,11 @@ finds the exhaustive optimum, and batching does not change a sentence's translat
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -275,6 +277,17 @@ def test_search_equals_reference_on_a_trained_model(tiny_trained_model: Path, st
         assert [h.tokens for h in hyps] == [h.tokens for h in reference_search(model, source, **settings)]
 
 
+@contextlib.contextmanager
+def rows_decoded() -> Iterator[list[int]]:
+    """The decoder rows of each step of the incremental searches run inside, in order."""
+    rows: list[int] = []
+    step = IncrementalDecoder.step
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(IncrementalDecoder, "step", lambda self, tokens, *rest: rows.append(len(tokens))
+                      or step(self, tokens, *rest))
+        yield rows
+
+
 def test_the_two_styles_differ_and_the_paper_keeps_its_beam_full() -> None:
     """Where hypotheses finish early, the shrinking beam is left with fewer live ones and the two
     styles return different n-best lists; the paper's keeps `beam` live hypotheses at every step
@@ -287,11 +300,7 @@ def test_the_two_styles_differ_and_the_paper_keeps_its_beam_full() -> None:
     paper = beam_search(model, padded(sources), **settings, style="paper")
     shrinking = beam_search(model, padded(sources), **settings, style="shrinking")
     assert any([h.tokens for h in a] != [h.tokens for h in b] for a, b in zip(paper, shrinking, strict=True))
-    rows: list[int] = []
-    step = IncrementalDecoder.step
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(IncrementalDecoder, "step", lambda self, tokens, *rest: rows.append(len(tokens))
-                      or step(self, tokens, *rest))
+    with rows_decoded() as rows:
         beam_search(model, padded(sources[:1]), **settings, style="paper")
     assert rows[0] == 1 and set(rows[1:]) == {4}  # BOS, then a full beam until the search stops
 
@@ -305,11 +314,7 @@ def test_the_paper_beam_drops_only_hypotheses_that_cannot_enter_the_nbest() -> N
         model.embed.weight[EOS] *= 2  # hypotheses end early and often
     sources = random_sources(24, [3, 7, 1, 5, 9, 2, 6, 4], seed=0)
     settings = dict(beam=4, nbest=1, lenpen=0.6, max_len_a=1.0, max_len_b=6, style="paper")
-    rows: list[int] = []
-    step = IncrementalDecoder.step
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(IncrementalDecoder, "step", lambda self, tokens, *rest: rows.append(len(tokens))
-                      or step(self, tokens, *rest))
+    with rows_decoded() as rows:
         found = beam_search(model, padded(sources), **settings)
     assert any(n % 4 for n in rows[1:])  # some sentence's beam held fewer than 4 live hypotheses
     for source, hyps in zip(sources, found, strict=True):
@@ -329,12 +334,8 @@ def test_stopping_once_beam_hypotheses_finished_is_sooner_and_never_scores_highe
     sources = random_sources(24, [3, 7, 1, 5, 9, 2, 6, 4], seed=0)
     settings = dict(beam=4, nbest=1, lenpen=1.0, max_len_a=1.0, max_len_b=6)
     found, rows = {}, {}
-    step = IncrementalDecoder.step
     for stop in ("bound", "beam"):
-        counted: list[int] = []
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(IncrementalDecoder, "step", lambda self, tokens, *rest, counted=counted:
-                          counted.append(len(tokens)) or step(self, tokens, *rest))
+        with rows_decoded() as counted:
             found[stop] = [hyps[0] for hyps in beam_search(model, padded(sources), **settings, stop=stop)]
         rows[stop] = sum(counted)
     assert rows["beam"] < rows["bound"]
