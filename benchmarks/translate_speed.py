@@ -10,13 +10,16 @@ once on one torch thread each, as `nmt translate` does on the CPU. The uncached 
 `--reference-sentences` sentences only (it is quadratic); its rates are per sentence all the same.
 With `--ctranslate2`, also rows of the model exported to CTranslate2, and a row of nmt's search run as
 CTranslate2's is (`--length-penalty fairseq --stop beam`, the default dtype), with its share of lines
-identical to CTranslate2 float32's. With `--compile`, also rows of the decoder step compiled as
-`nmt translate --compile` runs it (`--threads` worker processes, each with its own copy of the
-model compiled on one thread), timed after compiling; how long starting them and compiling took is
-printed below each such row. Times
-cover the search and sentencepiece encoding/decoding, not model loading; `cpu s` is the CPU time of
-all threads (well below seconds x threads when other processes share the cores; not shown for the
-worker processes). Also prints sacreBLEU of each output, as a check of what the model is.
+identical to CTranslate2 float32's, and a row of the default search with fairseq's stopping rule only
+(`--stop beam`), with its share of lines identical to the default's. With `--compile`, also rows of the
+decoder step compiled as `nmt translate --compile` runs it (`--threads` worker processes, each with its
+own copy of the model compiled on one thread), timed after compiling; how long starting them and
+compiling took is printed below each such row. Times cover the search and sentencepiece
+encoding/decoding, not model loading; `cpu s` is the CPU time of all threads (well below seconds x
+threads when other processes share the cores; not shown for the worker processes). `rows/sent`: the
+decoder rows the search computed (one per live hypothesis and step), per sentence, where they can be
+counted (nmt's incremental search in this process). Also prints sacreBLEU of each output, as a check of
+what the model is.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from machine import describe
 
 from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.inference.replicas import Replicas
-from nmt_cli.inference.search import translate_ids
+from nmt_cli.inference.search import IncrementalDecoder, translate_ids
 from nmt_cli.inference.translate import Translator, auto_cpu_dtype
 from nmt_cli.model import file as model_file
 from nmt_cli.model.cpu import keep_freed_memory, this_cpu
@@ -44,9 +47,15 @@ from nmt_cli.model.cpu import keep_freed_memory, this_cpu
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "wmt14-newstest2014" / "en-de"
 
 
+ROWS: list[int] = []  # the decoder rows of each incremental step since `measure` began (any thread)
+_step = IncrementalDecoder.step
+IncrementalDecoder.step = lambda self, tokens, *rest: ROWS.append(len(tokens)) or _step(self, tokens, *rest)
+
+
 def measure(translator: Translator, lines: list[str],
             cached: bool) -> tuple[float, float | None, int, list[str]]:
     """(wall seconds, CPU seconds of all threads, target tokens with EOS, detokenized outputs)."""
+    ROWS.clear()
     start, cpu_start = time.perf_counter(), time.process_time()
     sources = [translator.encode(line, i + 1) for i, line in enumerate(lines)]
     found = translate_ids(translator.model, sources, translator.cfg, workers=translator.workers,
@@ -96,7 +105,7 @@ def main() -> None:
     if args.profile:
         return profile(model, dictionary, sp, lines[: args.profile], args)
     print(f"{'search':<8} {'dtype':<5} {'decoder':<13} {'sentences':>9} {'seconds':>8} {'cpu s':>7} "
-          f"{'sent/s':>8} {'tok/s':>8} {'out len':>7} {'BLEU':>6}")
+          f"{'sent/s':>8} {'tok/s':>8} {'out len':>7} {'rows/sent':>9} {'BLEU':>6}")
     for dtype_name in args.dtypes.split(","):
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
         for beam in (4, 1):
@@ -121,6 +130,11 @@ def main() -> None:
         measure(translator, lines[:20], cached=True)
         as_ct2 = measure(translator, lines, cached=True)
         print_row(4, default, "as CT2", lines, *as_ct2, refs)
+        # the default search but for its stopping rule: what `--stop beam` alone changes
+        cfg = TranslateConfig(model=args.model, beam=4, max_tokens=args.max_tokens, stop="beam")
+        translator = Translator(model.to(dtype), dictionary, sp, cfg, lambda _: None, workers=args.threads)
+        stop_beam = measure(translator, lines, cached=True)
+        print_row(4, default, "stop beam", lines, *stop_beam, refs)
         ct2_outputs = measure_ctranslate2(args, lines, refs)
         if ("incremental", default) in BEAM4 and ("ctranslate2", "fp32") in BEAM4:
             nmt_rate, ct2_rate = BEAM4["incremental", default], BEAM4["ctranslate2", "fp32"]
@@ -131,9 +145,15 @@ def main() -> None:
             print(f"nmt as CTranslate2 searches (--length-penalty fairseq --stop beam), beam 4: "
                   f"{BEAM4['as CT2', default]:.1f} sent/s, {BEAM4['as CT2', default] / ct2_rate:.2f}x; "
                   f"{same:.1%} of its lines the same as CTranslate2 float32's")
+            if args.stop == "bound" and args.beam_style == "paper":
+                same = sum(a == b for a, b in zip(stop_beam[3], OUTPUTS[default], strict=True)) / len(lines)
+                print(f"the default with --stop beam, beam 4: {BEAM4['stop beam', default]:.1f} sent/s, "
+                      f"{BEAM4['stop beam', default] / ct2_rate:.2f}x; {same:.1%} of its lines the same as "
+                      f"the default's")
 
 
 BEAM4: dict[tuple[str, str], float] = {}  # (decoder, dtype) -> sentences/s of the beam 4 rows printed
+OUTPUTS: dict[str, list[str]] = {}  # dtype -> the outputs of its beam 4 incremental row
 
 
 def print_row(beam: int, dtype_name: str, decoder: str, subset: list[str], seconds: float,
@@ -141,10 +161,13 @@ def print_row(beam: int, dtype_name: str, decoder: str, subset: list[str], secon
     bleu = sacrebleu.corpus_bleu(outputs, [refs[: len(subset)]]).score
     if beam == 4:
         BEAM4[decoder, dtype_name] = len(subset) / seconds
+        if decoder == "incremental":
+            OUTPUTS[dtype_name] = outputs
     cpu = "-" if cpu_seconds is None else f"{cpu_seconds:.1f}"
+    rows = f"{sum(ROWS) / len(subset):.1f}" if ROWS else "-"
     print(f"{'beam 4' if beam == 4 else 'greedy':<8} {dtype_name:<5} {decoder:<13} {len(subset):>9} "
           f"{seconds:>8.2f} {cpu:>7} {len(subset) / seconds:>8.1f} {tokens / seconds:>8.0f} "
-          f"{tokens / len(subset):>7.1f} {bleu:>6.2f}", flush=True)
+          f"{tokens / len(subset):>7.1f} {rows:>9} {bleu:>6.2f}", flush=True)
 
 
 def measure_compiled(translator: Translator, beam: int, dtype_name: str, lines: list[str], refs: list[str],
@@ -204,6 +227,7 @@ def measure_ctranslate2(args: argparse.Namespace, lines: list[str], refs: list[s
 
 def measure_search(translator: Translator, lines: list[str]) -> tuple[float, float, int, list[str]]:
     """`measure` for a translator whose search is another engine's."""
+    ROWS.clear()
     start, cpu_start = time.perf_counter(), time.process_time()
     found = translator.search([translator.encode(line, i + 1) for i, line in enumerate(lines)], None)
     outputs = [translator.decode(h[0].tokens) for h in found]
