@@ -10,11 +10,11 @@ once on one torch thread each, as `nmt translate` does on the CPU. The uncached 
 `--reference-sentences` sentences only (it is quadratic); its rates are per sentence all the same.
 With `--ctranslate2`, also rows of the model exported to CTranslate2, and a row of nmt's search run as
 CTranslate2's is (`--length-penalty fairseq --stop beam`, the default dtype), with its share of lines
-identical to CTranslate2 float32's, and a row of the default search with fairseq's stopping rule only
-(`--stop beam`), with its share of lines identical to the default's. With `--compile`, also rows of the
-decoder step compiled as `nmt translate --compile` runs it (`--threads` worker processes, each with its
-own copy of the model compiled on one thread), timed after compiling; how long starting them and
-compiling took is printed below each such row. Times cover the search and sentencepiece
+identical to CTranslate2 float32's, and (with `--stop bound`) a row of the same search with fairseq's
+stopping rule (`--stop beam`), with its share of lines identical to the default's. With `--compile`, also
+rows of the decoder step compiled as `nmt translate --compile` runs it (`--threads` worker processes,
+each with its own copy of the model compiled on one thread), timed after compiling; how long starting
+them and compiling took is printed below each such row. Times cover the search and sentencepiece
 encoding/decoding, not model loading; `cpu s` is the CPU time of all threads (well below seconds x
 threads when other processes share the cores; not shown for the worker processes). `rows/sent`: the
 decoder rows the search computed (one per live hypothesis and step), per sentence, where they can be
@@ -130,11 +130,13 @@ def main() -> None:
         measure(translator, lines[:20], cached=True)
         as_ct2 = measure(translator, lines, cached=True)
         print_row(4, default, "as CT2", lines, *as_ct2, refs)
-        # the default search but for its stopping rule: what `--stop beam` alone changes
-        cfg = TranslateConfig(model=args.model, beam=4, max_tokens=args.max_tokens, stop="beam")
-        translator = Translator(model.to(dtype), dictionary, sp, cfg, lambda _: None, workers=args.threads)
-        stop_beam = measure(translator, lines, cached=True)
-        print_row(4, default, "stop beam", lines, *stop_beam, refs)
+        if args.stop == "bound":  # the same search but for its stopping rule: what `--stop beam` changes
+            cfg = TranslateConfig(model=args.model, beam=4, max_tokens=args.max_tokens,
+                                  beam_style=args.beam_style, stop="beam")
+            translator = Translator(model.to(dtype), dictionary, sp, cfg, lambda _: None,
+                                    workers=args.threads)
+            stop_beam = measure(translator, lines, cached=True)
+            print_row(4, default, "stop beam", lines, *stop_beam, refs)
         ct2_outputs = measure_ctranslate2(args, lines, refs)
         if ("incremental", default) in BEAM4 and ("ctranslate2", "fp32") in BEAM4:
             nmt_rate, ct2_rate = BEAM4["incremental", default], BEAM4["ctranslate2", "fp32"]
@@ -145,9 +147,9 @@ def main() -> None:
             print(f"nmt as CTranslate2 searches (--length-penalty fairseq --stop beam), beam 4: "
                   f"{BEAM4['as CT2', default]:.1f} sent/s, {BEAM4['as CT2', default] / ct2_rate:.2f}x; "
                   f"{same:.1%} of its lines the same as CTranslate2 float32's")
-            if args.stop == "bound" and args.beam_style == "paper":
+            if args.stop == "bound":
                 same = sum(a == b for a, b in zip(stop_beam[3], OUTPUTS[default], strict=True)) / len(lines)
-                print(f"the default with --stop beam, beam 4: {BEAM4['stop beam', default]:.1f} sent/s, "
+                print(f"the same search with --stop beam, beam 4: {BEAM4['stop beam', default]:.1f} sent/s, "
                       f"{BEAM4['stop beam', default] / ct2_rate:.2f}x; {same:.1%} of its lines the same as "
                       f"the default's")
 
