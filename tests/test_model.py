@@ -11,8 +11,11 @@ import pytest
 import torch
 
 from nmt_cli.config.model import ARCHS, ModelConfig
-from nmt_cli.data.dataset import BOS, EOS, PAD
-from nmt_cli.model.transformer import Transformer, count_parameters
+from nmt_cli.data.dataset import BOS, EOS, PAD, Dictionary
+from nmt_cli.errors import NmtError
+from nmt_cli.inference.beams import SearchModel
+from nmt_cli.inference.ensemble import Ensemble
+from nmt_cli.model.transformer import Transformer, build_model, count_parameters
 
 VOCAB = 50
 SMALL = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.1)
@@ -357,3 +360,25 @@ def test_relu_compiled_for_training_has_torchs_values_and_gradient() -> None:
     expected.backward(grad)
     assert torch.equal(y, expected) and torch.equal(ours, x.grad)
     assert ours[0, :4].eq(0).all()
+
+
+def _dictionary(size: int = VOCAB) -> Dictionary:
+    return Dictionary(["<pad>", "<s>", "</s>", "<unk>", *(f"w{i}" for i in range(size - 4))], [0] * size)
+
+
+def test_the_factory_loads_weights_that_fit_and_names_the_file_where_they_do_not() -> None:
+    weights = _model().state_dict()
+    model = build_model(SMALL, _dictionary(), weights, "m.pt")
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
+    with pytest.raises(NmtError, match=r"m\.pt: the weights do not fit .*size mismatch for embed\.weight"):
+        build_model(SMALL, _dictionary(VOCAB + 1), weights, "m.pt")
+    with pytest.raises(NmtError, match=r"m\.pt: the weights do not fit .*missing \['src_embed\.weight'\]"):
+        build_model(dataclasses.replace(SMALL, share_embeddings="target"), _dictionary(), weights, "m.pt")
+    with pytest.raises(NmtError, match=r"m\.pt: model\.output_vocab \(60\) is larger than its dictionary"):
+        build_model(dataclasses.replace(SMALL, output_vocab=60), _dictionary(), None, "m.pt")
+
+
+def test_a_transformer_and_an_ensemble_are_what_the_search_decodes() -> None:
+    assert isinstance(_model(), SearchModel)
+    assert isinstance(Ensemble([_model(), _model(seed=1)]), SearchModel)
+    assert not isinstance(torch.nn.Linear(2, 2), SearchModel)

@@ -7,15 +7,45 @@ and which stay live (search.py's module docstring says how).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
 from nmt_cli.config.inference import BeamStyle
+from nmt_cli.config.model import ModelConfig
 from nmt_cli.data.dataset import BOS, EOS, PAD
 from nmt_cli.model import native
-from nmt_cli.model.transformer import Cache, Encoded, Transformer
+from nmt_cli.model.transformer import Cache, Encoded, Slots, Transformer
+
+
+@runtime_checkable
+class SearchModel(Protocol):
+    """What the search decodes: a `Transformer` (trained here or imported), or an `ensemble.Ensemble`
+    of them. The encoder states and the cache are the model's own; the search only hands them back.
+    A model whose `decode_step` gives log-probabilities rather than logits says so with a true
+    `scores_are_log_probs` (an ensemble's mean); without the attribute they are logits."""
+
+    cfg: ModelConfig  # the search reads max_positions
+    vocab_size: int
+
+    def encode(self, src: Tensor) -> Any:
+        """src (B, S) token ids, right-padded with PAD, each ending in EOS -> the encoder's states."""
+        ...
+
+    def start_decoding(self, enc: Any) -> Any:
+        """A fresh cache for decoding the sentences of `enc`."""
+        ...
+
+    def decode_step(self, tokens: Tensor, step: int, enc: Any, cache: Any, beams: Slots | None = None
+                    ) -> Tensor:
+        """tokens (N,) at target position `step` -> scores (N, V) of the next token, extending `cache`."""
+        ...
+
+    def reorder(self, enc: Any, cache: Any, order: Tensor, sentences: Tensor | None = None
+                ) -> tuple[Any, Any]:
+        """Keep decoder rows `order` (N'), and of the sentences only `sentences` (B'; None: all)."""
+        ...
 
 
 class Beams(NamedTuple):
@@ -50,7 +80,7 @@ class NextTokens(NamedTuple):
     eos: Tensor  # (N,) float32: the log-probability of EOS
 
 
-def next_tokens(model: Transformer, tokens: Tensor, step: int, enc: Encoded, cache: Cache, k: int,
+def next_tokens(model: SearchModel, tokens: Tensor, step: int, enc: Encoded, cache: Cache, k: int,
                 beams: Beams | None = None, allowed: Tensor | None = None) -> NextTokens:
     """The model's `decode_step`, then each row's k most probable next tokens (`best_tokens`), among the
     `allowed` ones (N, V) if given: the unit `search.compile_decoder` compiles.

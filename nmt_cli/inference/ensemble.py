@@ -1,8 +1,8 @@
 """Ensembles: several models that share a dictionary, searched as one (`nmt translate A.pt B.pt ...`,
 fairseq's `--path a.pt:b.pt`).
 
-`Ensemble` presents the interface the search drives (`encode`, `start_decoding`, `decode_step`,
-`reorder`, `cfg`), so the search does not know it is running several models. Each step its scores
+`Ensemble` is a `beams.SearchModel`, the interface the search drives, so the search does not know it is
+running several models. Each step its scores
 are the mean of the members' log-probabilities, log P(y | ...) = (1/M) sum_m log P_m(y | ...), not
 renormalised: a hypothesis' log-probability is then the mean of the members' log-probabilities of it,
 and so is its score. `scores_are_log_probs` tells `beams.best_tokens` not to normalise them again.

@@ -62,6 +62,7 @@ from nmt_cli.data.dataset import BOS, EOS, PAD
 from nmt_cli.inference.beams import (
     Beams,
     NextTokens,
+    SearchModel,
     best_tokens,
     chosen,
     extensions,
@@ -124,7 +125,7 @@ class IncrementalDecoder:
     """One position per step through `decode_step`: cached self-attention keys/values, encoder keys/values
     computed once per sentence."""
 
-    def __init__(self, model: Transformer, src: Tensor) -> None:
+    def __init__(self, model: SearchModel, src: Tensor) -> None:
         self.model = model
         self.next_tokens = _compiled.get(model, next_tokens)
         self.enc = model.encode(src)
@@ -183,7 +184,7 @@ class _Finished:
 
 @torch.inference_mode()
 @kernels.packed_weights()
-def beam_search(model: Transformer, src: Tensor, *, beam: int, nbest: int, lenpen: float | Penalty,
+def beam_search(model: SearchModel, src: Tensor, *, beam: int, nbest: int, lenpen: float | Penalty,
                 max_len_a: float, max_len_b: int, cached: bool = True, style: BeamStyle = "paper",
                 stop: Stop = "bound", constraint: Constraint | None = None) -> list[list[Hypothesis]]:
     """Translate one batch: src (B, S) source ids, right-padded, each ending in EOS.
@@ -303,7 +304,7 @@ class Pool(Protocol):
     def submit(self, src: Tensor) -> Future[list[list[Hypothesis]]]: ...
 
 
-def translate_ids(model: Transformer, sources: Sequence[Sequence[int]], cfg: TranslateConfig,
+def translate_ids(model: SearchModel, sources: Sequence[Sequence[int]], cfg: TranslateConfig,
                   on_batch: Callable[[int], None] | None = None, workers: int = 1,
                   cached: bool = True, replicas: Pool | None = None,
                   constraint: Constraint | None = None) -> list[list[Hypothesis]]:

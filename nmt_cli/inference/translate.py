@@ -35,6 +35,7 @@ from nmt_cli.data.clean import Normalization
 from nmt_cli.data.dataset import EOS, Dictionary
 from nmt_cli.errors import NmtError
 from nmt_cli.inference import ct2
+from nmt_cli.inference.beams import SearchModel
 from nmt_cli.inference.ensemble import Ensemble, check_members
 from nmt_cli.inference.replicas import Replicas, describe
 from nmt_cli.inference.search import compile_decoder, cpu_workers, translate_ids
@@ -49,7 +50,6 @@ from nmt_cli.model.cpu import (
     slow_bf16_warning,
     this_cpu,
 )
-from nmt_cli.model.transformer import Transformer
 from nmt_cli.progress import ProgressReport
 
 # Every character that could end or split a line for some reader (str.splitlines breaks on all
@@ -81,7 +81,7 @@ def clean_output(text: str) -> str:
 class Translator:
     """A loaded model with its dictionary and sentencepiece model: lines of text to translations."""
 
-    def __init__(self, model: Transformer, dictionary: Dictionary, sp: spm.SentencePieceProcessor,
+    def __init__(self, model: SearchModel, dictionary: Dictionary, sp: spm.SentencePieceProcessor,
                  cfg: TranslateConfig, warn: Warn, workers: int = 1,
                  replicas: Replicas | None = None, search: ct2.Search | None = None,
                  normalization: Normalization | None = None) -> None:

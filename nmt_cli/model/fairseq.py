@@ -28,7 +28,7 @@ from nmt_cli.data.dataset import SPECIALS, Dictionary
 from nmt_cli.errors import NmtError
 from nmt_cli.model import file as model_file
 from nmt_cli.model.fairseq_pickle import load_checkpoint
-from nmt_cli.model.transformer import Transformer
+from nmt_cli.model.transformer import Transformer, build_model
 
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
 # nmt id of each fairseq special id: <s> 0 -> 1, <pad> 1 -> 0, </s> 2 -> 2, <unk> 3 -> 3
@@ -187,12 +187,7 @@ def convert(weights: dict[str, Tensor], args: dict[str, Any], src_symbols: list[
     tgt_rows += [UNK] * (len(symbols) - len(tgt_rows))
     src_rows = [*SPECIAL_IDS, *(src_ids.get(s, UNK) for s in symbols[4:])]
     nmt_weights = _rename(weights, cfg, src_rows, tgt_rows, where)
-    model = Transformer(cfg, len(dictionary))
-    missing, unexpected = model.load_state_dict(nmt_weights, strict=False)
-    if missing or unexpected:
-        raise NmtError(f"{where}: the weights do not fit the settings it records (missing {missing[:3]}, "
-                       f"not expected {unexpected[:3]})")
-    return model.eval(), dictionary
+    return build_model(cfg, dictionary, nmt_weights, where).eval(), dictionary
 
 
 def _rows(weights: dict[str, Tensor], name: str, rows: list[int], where: str) -> Tensor:

@@ -34,7 +34,7 @@ from nmt_cli.config.model import ModelConfig
 from nmt_cli.data.clean import Normalization
 from nmt_cli.data.dataset import Dictionary
 from nmt_cli.errors import NmtError
-from nmt_cli.model.transformer import Transformer
+from nmt_cli.model.transformer import Transformer, build_model
 
 FORMAT = "nmt/1"
 
@@ -191,10 +191,5 @@ def load_model_for_text(path: Path, device: str | torch.device = "cpu"
                                               "the file is damaged")
     cfg = model_config_of(state, path)
     dictionary = dictionary_of(state, path)
-    model = Transformer(cfg, len(dictionary))
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as e:
-        raise NmtError(f"{path}: the weights do not fit the stored model config "
-                       f"({str(e).splitlines()[0]})") from None
+    model = build_model(cfg, dictionary, state["model"], str(path))
     return model.to(device).eval(), dictionary, bytes(state["spm_model"]), normalization

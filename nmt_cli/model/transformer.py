@@ -14,7 +14,7 @@ run on each device is in `kernels.py`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import NamedTuple, Protocol
 
 import torch
@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt_cli.config.model import ModelConfig
-from nmt_cli.data.dataset import BOS, EOS, PAD
+from nmt_cli.data.dataset import BOS, EOS, PAD, Dictionary
+from nmt_cli.errors import NmtError
 from nmt_cli.model.kernels import (
     Dropout,
     attention,
@@ -368,6 +369,33 @@ class Transformer(nn.Module):
         if sentences is not None:
             enc = Encoded(enc.memory.index_select(0, sentences), enc.mask.index_select(0, sentences))
         return enc, cache
+
+
+def build_model(cfg: ModelConfig, dictionary: Dictionary, weights: Mapping[str, Tensor] | None = None,
+                where: str = "the model") -> Transformer:
+    """The one place a model is made from its settings and the dictionary it reads and writes: with
+    fresh weights (a training run), or with `weights` loaded (a model file, an importer, a fine-tuning
+    run's --init file), which must fit the settings exactly; `where` names them when they do not."""
+    if cfg.output_vocab > len(dictionary):
+        raise NmtError(f"{where}: model.output_vocab ({cfg.output_vocab}) is larger than its dictionary "
+                       f"({len(dictionary)} symbols)")
+    model = Transformer(cfg, len(dictionary))
+    if weights is not None:
+        load_weights(model, weights, where)
+    return model
+
+
+def load_weights(model: nn.Module, weights: Mapping[str, Tensor], where: str) -> None:
+    """Copy `weights` into `model`: every parameter and buffer it saves, no other, each of its shape."""
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as e:  # a shape that differs; torch names it on the message's second line
+        detail = [line.strip() for line in str(e).splitlines()]
+        raise NmtError(f"{where}: the weights do not fit its model settings ({(detail[1:] or detail)[0]})"
+                       ) from None
+    if missing or unexpected:
+        raise NmtError(f"{where}: the weights do not fit its model settings (missing {missing[:3]}, "
+                       f"not expected {unexpected[:3]})")
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -16,6 +16,7 @@ import torch
 from nmt_cli.config.train import TrainConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.model import file as model_file
+from nmt_cli.model.transformer import load_weights
 from nmt_cli.training.corpus import Corpus
 
 
@@ -42,8 +43,4 @@ def load_init_weights(model: torch.nn.Module, cfg: TrainConfig, data: Corpus) ->
                        f"({len(data.dictionary)} symbols; they differ from id {first}): {fix}")
     if bytes(state["spm_model"]) != data.spm_model:
         raise NmtError(f"{path}'s sentencepiece model is not the one of {data.folder}: {fix}")
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as e:
-        raise NmtError(f"{path}: its weights do not fit its model config "
-                       f"({str(e).splitlines()[0]})") from None
+    load_weights(model, state["model"], str(path))

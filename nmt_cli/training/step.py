@@ -24,7 +24,7 @@ from nmt_cli.config.train import TrainConfig
 from nmt_cli.data.dataset import PAD, UNK, collate
 from nmt_cli.errors import NmtError
 from nmt_cli.model.cpu import keep_freed_memory, missing_compiler, no_compiler_message
-from nmt_cli.model.transformer import Transformer
+from nmt_cli.model.transformer import Transformer, build_model
 from nmt_cli.training import corpus, distributed, guard
 from nmt_cli.training import optim as optim_lib
 from nmt_cli.training.loss import label_smoothed_nll
@@ -121,7 +121,7 @@ class Step:
         if ctx.device.type == "cpu":  # an update allocates and frees tens of MB (`keep_freed_memory`)
             keep_freed_memory()
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        self.model = Transformer(cfg.model, len(data.dictionary)).to(ctx.device)
+        self.model = build_model(cfg.model, data.dictionary).to(ctx.device)
         self.ddp = distributed.wrap(self.model, ctx)
         self.optimizer = optim_lib.build_optimizer(self.model.parameters(), cfg.optim)
         self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=self.precision == "fp16")

@@ -26,7 +26,7 @@ from nmt_cli.config.train import TrainConfig
 from nmt_cli.data.dataset import EOS, PAD, collate
 from nmt_cli.errors import NmtError
 from nmt_cli.model.cpu import Cpu, slow_bf16_warning
-from nmt_cli.model.transformer import Transformer
+from nmt_cli.model.transformer import Transformer, build_model, count_parameters
 from nmt_cli.training import checkpoint, corpus, distributed, finetune, flops, guard
 from nmt_cli.training import optim as optim_lib
 from nmt_cli.training.counters import Counters
@@ -369,7 +369,7 @@ def print_plan(cfg: TrainConfig) -> None:
     per_node = distributed.processes_per_node(cfg, planning=True)
     data = corpus.load(cfg, per_node * cfg.launch.nnodes)
     with torch.device("meta"):  # counts parameters without allocating them (transformer_big: 213M)
-        params = sum(p.numel() for p in Transformer(cfg.model, len(data.dictionary)).parameters())
+        params = count_parameters(build_model(cfg.model, data.dictionary))
     kind = ("GPU" if cfg.launch.gpus > 0 or (cfg.launch.nproc == 0 and distributed.use_cuda(cfg))
             else "CPU process")
     print(corpus.describe_plan(cfg, data, per_node, kind, params,
