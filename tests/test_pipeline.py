@@ -1,9 +1,9 @@
 """The whole pipeline on real text, as a user runs it: Multi30k en-de through prepare, bpe, binarize,
 train (a few minutes on the CPU), average, translate and score on test_2016_flickr.
 
-The model is trained once per test session (`multi30k_run`); the bounds below were measured on this
-setup and are set with a wide margin (see each test), so they catch a pipeline that stopped learning,
-not noise.
+The model is trained once per test session (`conftest.multi30k_run`, which other tests reuse); the
+bounds below were measured on this setup and are set with a wide margin (see each test), so they catch
+a pipeline that stopped learning, not noise.
 """
 
 from __future__ import annotations
@@ -13,32 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import nmt
-
 pytestmark = pytest.mark.slow
-
-# A tiny Transformer for a few minutes of CPU: 4000 target tokens per update, the paper's schedule
-# with a warm-up scaled to the run. In fp32, so its time does not hang on how fast a CI machine's bf16
-# is (one that listed AVX512-BF16 ran this in bf16 at a third of this machine's speed).
-TRAIN = ["--arch", "transformer_tiny", "--precision", "fp32", "--max-update", "400",
-         "--tokens-per-update", "4000", "--max-tokens", "4000", "--save-interval-minutes", "0",
-         "--save-interval-updates", "100",
-         "--keep-last", "3", "--set", "optim.warmup_updates=250", "--set", "valid.interval_updates=100",
-         "--set", "log.interval=50", "--valid-bleu", "--set", "valid.bleu_sentences=200", "--device", "cpu"]
-
-
-@pytest.fixture(scope="session")
-def multi30k_run(multi30k_bin: Path) -> dict[str, Path]:
-    work = multi30k_bin.parent
-    save = work / "checkpoints"
-    nmt("train", multi30k_bin, "--save-dir", save, *TRAIN)
-    nmt("average", save, "--last", "3", "--out", work / "model.pt")
-    nmt("translate", work / "model.pt", "--input", work / "raw" / "test.en", "--output", work / "test.hyp.de")
-    nmt("score", "--hyp", work / "test.hyp.de", "--ref", work / "raw" / "test.de", "--langpair", "en-de",
-        "--json", work / "scores.json")
-    return {"save": save, "model": work / "model.pt", "hyp": work / "test.hyp.de", "raw": work / "raw",
-            "scores": work / "scores.json"}
-
 
 def _records(save: Path, kind: str) -> list[dict]:
     return [r for r in map(json.loads, (save / "train.jsonl").read_text().splitlines()) if r["kind"] == kind]
