@@ -1,6 +1,7 @@
 """The `nmt` command: one Typer command per stage, generated from the stage's config dataclass.
 
-A command's options are the fields of its config that declare a flag (see `config/options.py`);
+`COMMANDS` is the one table of commands: adding one is adding a `Command` (a config class in
+`config/`, a module with `run(cfg)`, a help line). A command's options are the fields of its config that declare a flag (see `config/options.py`);
 every other field is reachable through `--config FILE.yaml` and `--set key=value`. The command
 resolves the config (defaults < YAML < command line) and calls its stage module's `run(cfg)`, the
 function tests and notebooks call too. Stage modules (and torch) are imported only when a command
@@ -13,6 +14,8 @@ import functools
 import importlib
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -40,30 +43,55 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-# The module whose `run(cfg)` each command calls, imported only when the command runs.
-STAGE_MODULES = {
-    "prepare": "data.prepare", "bpe": "data.bpe", "binarize": "data.binarize", "train": "training.train",
-    "average": "training.average", "translate": "inference.translate", "score": "evaluation.score",
-    "plot": "evaluation.plot", "attention": "evaluation.attention_maps",
-    "import fairseq": "model.fairseq", "export ctranslate2": "inference.ct2",
-}
-# Each command's config and help, in the order `nmt --help` lists them.
-COMMANDS = {
-    "prepare": (PrepareConfig,
-                "Download (or read) and clean a parallel corpus into raw train/valid/test text."),
-    "bpe": (BpeConfig, "Train a joint sentencepiece BPE model and split every sentence into pieces."),
-    "binarize": (BinarizeConfig, "Build the joint dictionary and write memory-mapped token arrays."),
-    "train": (TrainConfig, "Train a Transformer (starts torchrun with one worker per GPU); rerun to resume."),
-    "average": (AverageConfig, "Average the weights of the last N checkpoints (the paper's final model)."),
-    "translate": (TranslateConfig,
-                  "Translate raw text with beam search (file or stdin; output in input order)."),
-    "score": (ScoreConfig,
-              "Score a translation: sacreBLEU with signature, chrF, and the paper's tokenized BLEU "
-              "(--task parse: parse trees, EVALB's labelled F1)."),
-    "plot": (PlotConfig, "Draw training curves (loss, perplexity, BLEU, learning rate) of one or more runs."),
-    "attention": (AttentionConfig,
-                  "Draw a model's attention weights on one sentence as heatmaps (or write them as JSON)."),
-}
+@dataclass(frozen=True)
+class Command:
+    """One `nmt` command: its config class (whose fields are its options), the module whose `run(cfg)`
+    it calls (imported only when it runs) and its help. `nmt GROUP NAME` commands are named so."""
+
+    name: str
+    config: type
+    module: str
+    help: str
+    # how the config is resolved, when not by `config.core.resolve` alone (train: the arch preset first)
+    resolve: Callable[[Path | None, dict[str, Any], list[str] | None], Any] | None = None
+    # OpenMP threads that spin while waiting burn a core another process needs (translation on shared
+    # cores ran many times slower); set before torch loads, a user's own value wins
+    passive_threads: bool = False
+
+
+# Every command, in the order `nmt --help` lists them.
+COMMANDS = {c.name: c for c in [
+    Command("prepare", PrepareConfig, "data.prepare",
+            "Download (or read) and clean a parallel corpus into raw train/valid/test text."),
+    Command("bpe", BpeConfig, "data.bpe",
+            "Train a joint sentencepiece BPE model and split every sentence into pieces."),
+    Command("binarize", BinarizeConfig, "data.binarize",
+            "Build the joint dictionary and write memory-mapped token arrays."),
+    Command("train", TrainConfig, "training.train",
+            "Train a Transformer (starts torchrun with one worker per GPU); rerun to resume.",
+            resolve=resolve_train),
+    Command("average", AverageConfig, "training.average",
+            "Average the weights of the last N checkpoints (the paper's final model)."),
+    Command("translate", TranslateConfig, "inference.translate",
+            "Translate raw text with beam search (file or stdin; output in input order).",
+            passive_threads=True),
+    Command("score", ScoreConfig, "evaluation.score",
+            "Score a translation: sacreBLEU with signature, chrF, and the paper's tokenized BLEU "
+            "(--task parse: parse trees, EVALB's labelled F1)."),
+    Command("plot", PlotConfig, "evaluation.plot",
+            "Draw training curves (loss, perplexity, BLEU, learning rate) of one or more runs."),
+    Command("attention", AttentionConfig, "evaluation.attention_maps",
+            "Draw a model's attention weights on one sentence as heatmaps (or write them as JSON)."),
+    Command("import fairseq", FairseqImportConfig, "model.fairseq",
+            "Convert a fairseq transformer checkpoint (with its dictionaries and sentencepiece model) into "
+            "an nmt model file that every stage accepts."),
+    Command("export ctranslate2", Ctranslate2ExportConfig, "inference.ct2",
+            "Export a model to a CTranslate2 folder (needs the ctranslate2 package) that "
+            "`nmt translate DIR` translates with."),
+]}
+# The groups of `nmt GROUP NAME` commands: converters from and to other toolkits' formats.
+GROUPS = {"import": "Convert a model trained by another toolkit into an nmt model file.",
+          "export": "Convert an nmt model file for another inference engine."}
 
 
 def fail(error: NmtError) -> typer.Exit:
@@ -72,20 +100,16 @@ def fail(error: NmtError) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _run(stage: str, values: dict[str, Any], config: Path | None, sets: list[str] | None) -> None:
-    """Resolve `stage`'s config from `values` (the options given), the YAML file and the --set items,
-    and call its module's `run(cfg)`; a user error becomes one red message and exit status 2."""
+def _run(name: str, values: dict[str, Any], config: Path | None, sets: list[str] | None) -> None:
+    """Resolve command `name`'s config from `values` (the options given), the YAML file and the --set
+    items, and call its module's `run(cfg)`; a user error becomes one red message and exit status 2."""
+    cmd = COMMANDS[name]
     try:
-        if stage == "train":
-            cfg = resolve_train(config, values, sets)
-        else:
-            cfg = resolve({**COMMANDS, **GROUP_COMMANDS}[stage][0], config, values, sets)
-        if stage == "translate":
-            # OpenMP threads that spin while waiting burn a core another process needs (translation on
-            # shared cores ran many times slower). Read when torch loads; a user's value wins.
+        cfg = (cmd.resolve(config, values, sets) if cmd.resolve
+               else resolve(cmd.config, config, values, sets))
+        if cmd.passive_threads:
             os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        module = importlib.import_module(f"nmt_cli.{STAGE_MODULES[stage]}")
-        module.run(cfg)
+        importlib.import_module(f"nmt_cli.{cmd.module}").run(cfg)
     except NmtError as e:
         raise fail(e) from None
     except OSError as e:  # a path that cannot be read or written, a full disk: the user's to fix
@@ -112,26 +136,14 @@ def _main(
     pass
 
 
-for _name, (_cls, _help) in COMMANDS.items():
-    app.command(_name, help=_help)(command(_cls, functools.partial(_run, _name)))
-
-# Commands in groups, `nmt GROUP NAME`: converters from and to other toolkits' formats.
-GROUPS = {"import": "Convert a model trained by another toolkit into an nmt model file.",
-          "export": "Convert an nmt model file for another inference engine."}
-GROUP_COMMANDS = {
-    "import fairseq": (FairseqImportConfig,
-                       "Convert a fairseq transformer checkpoint (with its dictionaries and sentencepiece "
-                       "model) into an nmt model file that every stage accepts."),
-    "export ctranslate2": (Ctranslate2ExportConfig,
-                           "Export a model to a CTranslate2 folder (needs the ctranslate2 package) that "
-                           "`nmt translate DIR` translates with."),
-}
+_groups: dict[str, typer.Typer] = {}
 for _group, _help in GROUPS.items():
-    _sub = typer.Typer(help=_help, no_args_is_help=True, add_completion=False)
-    app.add_typer(_sub, name=_group)
-    for _name, (_cls, _help) in GROUP_COMMANDS.items():
-        if _name.startswith(f"{_group} "):
-            _sub.command(_name.split()[1], help=_help)(command(_cls, functools.partial(_run, _name)))
+    _groups[_group] = typer.Typer(help=_help, no_args_is_help=True, add_completion=False)
+    app.add_typer(_groups[_group], name=_group)
+for _cmd in COMMANDS.values():
+    _where, _, _sub = _cmd.name.rpartition(" ")
+    (_groups[_where] if _where else app).command(_sub, help=_cmd.help)(
+        command(_cmd.config, functools.partial(_run, _cmd.name)))
 
 
 def main() -> None:

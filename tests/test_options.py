@@ -1,7 +1,9 @@
 """Command-line options generated from the config dataclasses (nmt_cli/config/options.py)."""
 
 import dataclasses
+import importlib
 import os
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from conftest import nmt
-from nmt_cli.cli import COMMANDS, GROUP_COMMANDS
+from nmt_cli.cli import COMMANDS
 from nmt_cli.config.core import opt, required
 from nmt_cli.config.data import BpeConfig
 from nmt_cli.config.options import command, parameters
@@ -63,9 +65,9 @@ def test_fields_without_a_flag_are_not_options() -> None:
     assert "character_coverage" not in bpe and "vocab_size" in bpe
 
 
-@pytest.mark.parametrize("name", sorted({**COMMANDS, **GROUP_COMMANDS}))
+@pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_every_command_declares_each_flag_once(name: str) -> None:
-    infos = [p.annotation.__metadata__[0] for _, p in parameters({**COMMANDS, **GROUP_COMMANDS}[name][0])]
+    infos = [p.annotation.__metadata__[0] for _, p in parameters(COMMANDS[name].config)]
     flags = ["--config", "--set", "--help", "-h"]  # what every command has besides its config's flags
     flags += [part for info in infos for flag in info.param_decls or () for part in flag.split("/")]
     assert len(flags) == len(set(flags)), flags
@@ -86,3 +88,10 @@ def test_a_wrong_choice_on_the_command_line_is_the_configs_message(tmp_path: Pat
     proc = nmt("translate", tmp_path / "model.pt", "--dtype", "fp8", check=False)
     assert proc.returncode == 2
     assert "'dtype' must be one of auto, bf16, fp16, fp32; got 'fp8'" in proc.stderr
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_command_calls_a_stage_that_runs_its_config(name: str) -> None:
+    run = importlib.import_module(f"nmt_cli.{COMMANDS[name].module}").run
+    hints = typing.get_type_hints(run)
+    assert hints["cfg"] is COMMANDS[name].config, f"{COMMANDS[name].module}.run takes {hints['cfg']}"
