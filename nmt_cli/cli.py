@@ -1,11 +1,11 @@
 """The `nmt` command: one Typer command per stage, generated from the stage's config dataclass.
 
 `COMMANDS` is the one table of commands: adding one is adding a `Command` (a config class in
-`config/`, a module with `run(cfg)`, a help line). A command's options are the fields of its config that declare a flag (see `config/options.py`);
-every other field is reachable through `--config FILE.yaml` and `--set key=value`. The command
-resolves the config (defaults < YAML < command line) and calls its stage module's `run(cfg)`, the
-function tests and notebooks call too. Stage modules (and torch) are imported only when a command
-runs, so `--help` stays fast.
+`config/`, a module with `run(cfg)`, a help line). A command's options are the fields of its config
+that declare a flag (see `config/options.py`); every other field is reachable through `--config
+FILE.yaml` and `--set key=value`. The command resolves the config (defaults < YAML < command line)
+and calls its module's `run(cfg)`, the function tests and notebooks call too. Stage modules (and
+torch) are imported only when a command runs, so `--help` stays fast.
 """
 
 from __future__ import annotations
