@@ -2,7 +2,7 @@
 fault injected into an update, the examples each worker trained on.
 
 `at(point, **details)` returns None at once in every real run. With NMT_TEST_HOOKS set to a Python
-file (the test suite sets it to tests/hooks.py for every process it starts), that file is loaded
+file (the test suite sets it to tests/fault_hooks.py for every process it starts), that file is loaded
 once in each process and its function named `point`, if it has one, is called with the details;
 what it returns is returned (a replacement value, where the point takes one). The points:
 

@@ -5,9 +5,11 @@ a help text and a command-line flag are written.
 command line), converts and checks each value by its field, and writes the resolved config back
 as YAML; `options` turns a config's fields into the options of its `nmt` command. The stage configs
 are grouped as the package is: `data` (prepare, bpe, binarize), `model` (the Transformer and its
-presets), `train` (train, average), `inference` (translate), `evaluation` (score, plot, attention).
-Defaults follow "Attention Is All You Need" (arXiv 1706.03762) unless the help text says otherwise.
+presets), `train` (train, average), `inference` (translate), `evaluation` (score, plot, attention),
+`convert` (import and export). Defaults follow "Attention Is All You Need" (arXiv 1706.03762) unless
+the help text says otherwise.
 
-May import: `nmt_cli.errors`, PyYAML and (in `options`) Typer. Never torch nor any other package of
-`nmt_cli`: `nmt --help` imports this package and must stay fast.
+What it may import is ARCHITECTURE.md's Packages table (tests/test_layers.py reads it), besides
+PyYAML and (in `options`) Typer. Never torch nor any other package of `nmt_cli` but `errors`:
+`nmt --help` imports this package and must stay fast.
 """

@@ -1,7 +1,9 @@
-"""From raw text to token ids: `nmt prepare` (download, extract, clean, toy corpora), `nmt bpe`
-(sentencepiece), `nmt binarize` (dictionary and memory-mapped arrays), and the dataset readers and
-token-budget batching that training and translation use.
+"""From raw text to token ids: `nmt prepare` (`prepare`; downloads resumed and verified in `download`,
+safe extraction in `archive`, the corpora in `wmt`, `toy` and `ptb`, Penn Treebank trees in
+`treebank`, cleaning in `clean`, text through worker processes in order in `streaming`), `nmt bpe`
+(`bpe`: sentencepiece), `nmt binarize` (`binarize`), and the dictionary, memory-mapped arrays and
+token-budget batches that training and translation read (`dataset`).
 
-May import: `nmt_cli.config`, `nmt_cli.artifacts`, `nmt_cli.errors`, `nmt_cli.progress`. Never torch,
+What it may import is ARCHITECTURE.md's Packages table (tests/test_layers.py reads it). Never torch,
 the model, training or inference.
 """

@@ -1,5 +1,7 @@
-"""Looking at results: `nmt score` (sacreBLEU, chrF, the paper's tokenized BLEU), `nmt plot`
-(training curves) and `nmt attention` (a model's attention weights as pictures or JSON).
+"""Looking at results: `nmt score` (`score`: sacreBLEU, chrF, the paper's tokenized BLEU; `evalb`:
+parse trees), `nmt plot` (`plot`: training curves) and `nmt attention` (`attention_maps`: a model's
+attention weights as pictures or JSON).
 
-May import: every other package; nothing imports it but the CLI.
+What it may import is ARCHITECTURE.md's Packages table (tests/test_layers.py reads it): every other
+package; nothing imports it but the CLI.
 """

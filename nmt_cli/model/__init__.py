@@ -1,7 +1,10 @@
-"""The Transformer of "Attention Is All You Need" (arXiv 1706.03762, section 3) and its incremental
-decoder (`transformer`), how its attention and dropout run on each device (`kernels`), the model
-file every stage reads (`file`), and whether this CPU has native bf16 (`cpu`).
+"""The Transformer of "Attention Is All You Need" (arXiv 1706.03762, section 3), its incremental
+decoder and `build_model`, the one place a model is made (`transformer`); how its attention, dropout,
+ReLU and output projection run on each device (`kernels`), with the C kernels of translation on a
+CPU (`native`); the model file every stage reads (`file`); `nmt import fairseq` (`fairseq`, and
+`fairseq_pickle`, which reads fairseq's checkpoints as data); whether this CPU has native bf16 and a
+compiler (`cpu`).
 
-May import: `nmt_cli.data` (the dictionary), `nmt_cli.config`, `artifacts`, `errors`, `hooks`. Never
+What it may import is ARCHITECTURE.md's Packages table (tests/test_layers.py reads it). Never
 `training`, `inference` or `torch.distributed`: the model knows nothing of DDP, checkpoints or search.
 """
