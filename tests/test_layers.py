@@ -180,3 +180,38 @@ def test_no_import_cycles() -> None:
     edges = graph()
     # a package's __init__ is imported before its modules; it imports none of them here
     assert find_cycle(edges) is None, " -> ".join(find_cycle(edges) or [])
+
+
+def named_in_walk(markdown: str) -> tuple[set[str], set[str]]:
+    """The walk's file paths (`training/train.py`) and the names of its references to code (the last
+    part: `plan_train` of `corpus.plan_train`, `run` of `Step.run`, `resolve_train` itself)."""
+    walk = markdown.split("\n## Following one option", 1)[1].split("\n## ", 1)[0]
+    quoted = re.findall(r"`([^`]+)`", walk)
+    files = {q.split()[0] for q in quoted if q.split()[0].endswith(".py")}
+    code = r"(?:[A-Za-z_][\w.]*\.)?([A-Za-z_]\w*)(\(.*\))?"  # name, module.name, name(args)
+    names = {m.group(1) for q in quoted if not q.endswith(".py")
+             for m in [re.fullmatch(code, q.split(" = ")[0])] if m}
+    return files, names
+
+
+def not_in_the_code(markdown: str) -> list[str]:
+    """The files and code names of the walk that nmt_cli (or tests/) does not have."""
+    files, names = named_in_walk(markdown)
+    source = "\n".join(p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py"))
+    defined = {p.stem for p in PACKAGE.rglob("*.py")} | {
+        a or b for a, b in re.findall(r"(?:def|class) (\w+)|^\s*(?:self\.)?(\w+)(?:: [^=\n]+)?(?: = |$)",
+                                      source, flags=re.M)}
+    return sorted(f for f in files if not (PACKAGE / f).is_file() and not (PACKAGE.parent / f).is_file()) + \
+        sorted(n for n in names if n not in defined)
+
+
+def test_the_walk_names_only_files_and_functions_that_exist() -> None:
+    """ARCHITECTURE.md follows one option through the code: each file it names is there, and each
+    function, class, attribute or module it names is defined in nmt_cli; a stale name fails."""
+    markdown = MAP.read_text(encoding="utf-8")
+    files, names = named_in_walk(markdown)
+    assert {"training/train.py", "config/train.py"} <= files and {"plan_train", "resolve_train"} <= names
+    assert not_in_the_code(markdown) == [], "ARCHITECTURE.md's walk names what nmt_cli does not define"
+    stale = markdown.replace("calls `corpus.plan_train`",
+                             "calls `corpus.micro_batches_per_rank` in `training/plan.py`")
+    assert not_in_the_code(stale) == ["training/plan.py", "micro_batches_per_rank"]
