@@ -233,9 +233,9 @@ def batch_by_size(indices: np.ndarray, src_sizes: np.ndarray, tgt_sizes: np.ndar
     greedily; a batch's cost is ``len(batch) * max(longest source, longest target)``, padding
     included, as a device sees it. Sorted by that cost's own measure, the examples of a batch are
     all about as wide as its widest, so the budget holds more of them and less padding. (Sorted by
-    (target, source) length, as fairseq does, a batch's targets were alike and its sources not: on
-    WMT-like lengths, 3/4 of the padded source positions were real and a transformer_small update
-    on 2 CPU cores trained 20% fewer tokens a second; benchmarks/README.md.)
+    (target, source) length, as fairseq does, a batch's targets were alike and its sources not, and
+    an update trained fewer tokens a second; benchmarks/README.md, "Training speed: eager and
+    compiled".)
     Sizes are what the model sees (EOS included). The caller leaves out examples that do not fit
     the budget or the model on their own.
     """

@@ -86,8 +86,8 @@ def next_tokens(model: SearchModel, tokens: Tensor, step: int, enc: Encoded, cac
     `allowed` ones (N, V) if given: the unit `search.compile_decoder` compiles.
 
     With the C kernel on a CPU, a step of more than `CHUNK_ROWS` rows takes its output projection and
-    best tokens `CHUNK_ROWS` rows at a time, each chunk's logits read while still in the cache (1.14-1.37x
-    as fast on 1400 rows of 7,792 and 600 of 32,000 as one projection of all rows: benchmarks/README.md)."""
+    best tokens `CHUNK_ROWS` rows at a time, each chunk's logits read while still in the cache, which
+    beats one projection of all rows (benchmarks/README.md, "Translation")."""
     # is_compiling first: a compiled graph must not test the rows (a guard on them would make every
     # graph of up to CHUNK_ROWS rows compile again for more, past dynamo's limit on recompiles)
     if (not torch.compiler.is_compiling() and isinstance(model, Transformer) and tokens.shape[0] > CHUNK_ROWS
@@ -116,10 +116,10 @@ def best_tokens(logits: Tensor, k: int, normalized: bool = False) -> NextTokens:
 
     On a CPU where the search's C kernel could be built (`native.py`), the kernel does it all in one
     call that reads each row while it is in the cache (faster than the torch path below:
-    benchmarks/README.md); its log-sum-exp may differ from torch's in the last bits. Elsewhere, their
-    log-probabilities are the logits' log_softmax in float32, written over float32 logits on a
-    CPU (one fused pass; with a log-sum-exp in three passes over the rows instead, the whole choice
-    took 20-40% longer on 1200 rows of 7,792: benchmarks/README.md), and the top k are found by
+    benchmarks/README.md, "Translation"); its log-sum-exp may differ from torch's in the last bits.
+    Elsewhere, their log-probabilities are the logits' log_softmax in float32, written over float32
+    logits on a CPU (one fused pass, which beat a log-sum-exp in three passes over the rows: the same
+    section), and the top k are found by
     `top_k` (torch's `topk` over long rows is slow on a CPU). Inside torch.compile on a CPU, for a
     vocabulary of size G * groups with G a multiple of 8 (see `group_size`), the top k are found in
     two stages: the maximum of each group of G logits (one fused pass over the logits), then the top
@@ -165,8 +165,8 @@ def top_k(rows: Tensor, k: int, classes: int = 8) -> tuple[Tensor, Tensor]:
     into V // `classes` classes (column c + i * (V // classes), i < `classes`; the last V % classes columns
     on their own), the classes' maxima are one elementwise maximum of `classes` slices of the row, and
     the top k lie in the k classes with the largest maxima (a class holding one of them has a maximum
-    at least as large) and the leftover columns. On rows of 8,000 it took less than half the time of
-    `topk` (benchmarks/model_kernels.py). Equal values may be ranked in a different order."""
+    at least as large) and the leftover columns: faster than `topk` on a vocabulary's rows
+    (benchmarks/model_kernels.py). Equal values may be ranked in a different order."""
     N, V = rows.shape
     n = V // classes
     if rows.device.type != "cpu" or n < k:

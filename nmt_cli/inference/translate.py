@@ -315,11 +315,10 @@ def load_translator(cfg: TranslateConfig, warn: Warn, cpu: Cpu | None = None) ->
 def auto_cpu_dtype(cpu: Cpu, d_model: int, beam: int) -> torch.dtype:
     """`--dtype auto` on the CPU: bf16 where the CPU has fast bf16 matrix products (`Cpu.fast_bf16`:
     its flags, and a product measured faster), else fp32; and fp32 for greedy search with a model
-    narrower than MIN_GREEDY_BF16_D_MODEL. BLEU is the same either way (within 0.2:
-    benchmarks/README.md's table); the speed is not: on such a CPU a beam search in bf16 ran 1.2-1.4x
-    as fast as in fp32 with transformer_tiny (d_model 128), and a decoding step 1.5-1.9x at every
-    width (`benchmarks/decode_precision.py`), but greedy search with transformer_tiny, one row a
-    sentence, ran 0.75-0.86x as fast (`benchmarks/translate_speed.py`)."""
+    narrower than MIN_GREEDY_BF16_D_MODEL. BLEU is the same either way; the speed is not: on such a
+    CPU bf16 speeds up a beam search and a decoding step at every width, but not greedy search with a
+    narrow model, one row a sentence (benchmarks/README.md, "bf16 and fp32: what each costs in
+    quality" and "Translation"; `benchmarks/decode_precision.py`, `benchmarks/translate_speed.py`)."""
     narrow_greedy = beam == 1 and d_model < MIN_GREEDY_BF16_D_MODEL
     return torch.bfloat16 if cpu.fast_bf16 and not narrow_greedy else torch.float32
 

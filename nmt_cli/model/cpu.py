@@ -1,9 +1,8 @@
 """What this CPU multiplies fast, for the choice of precision: bf16 natively (AVX512-BF16 or AMX
 instructions), or only through torch's reference kernel, which on a CPU with AVX2 alone runs bf16
-matrix products 4-50x slower than fp32 (depending on their layout; benchmarks/README.md). The
-instruction flags are not enough: a machine may list AVX512-BF16 and still multiply bf16 several
-times slower than fp32 (a CI machine did: a bf16 training run there went 3.4x slower than on this
-project's reference CPU, where bf16 is the faster). So where the flags are there, one matrix product
+matrix products many times slower than fp32 (benchmarks/README.md, "Translation"). The instruction
+flags are not enough: a machine may list AVX512-BF16 and still multiply bf16 slower than fp32 (a CI
+machine did). So where the flags are there, one matrix product
 of a Transformer layer's shape is timed in both precisions (tens of milliseconds), and bf16 counts
 as fast only if it measured at least `MIN_BF16_SPEEDUP` times fp32's speed. The detection is a value
 (`Cpu`) that callers may be given, so that tests can ask what happens on a CPU they do not run on.
@@ -119,9 +118,9 @@ def keep_freed_memory() -> None:
     """Make glibc's malloc keep and reuse freed memory instead of handing every large block back to
     the system: a decoding step allocates and frees tensors of many MB, and so does a training step
     (its output layer's logits and their gradient alone are 80 MB in bf16 for transformer_small's
-    batches of 6,144 tokens); each fresh page from the system costs a page fault. Without it the
-    cache reorders of the search ran several times slower, and an eager bf16 training update about
-    a fifth slower (benchmarks/README.md). Memory still peaks where use peaks. Linux/glibc only;
+    batches of 6,144 tokens); each fresh page from the system costs a page fault, which slowed the
+    search's cache reorders and training updates (benchmarks/README.md, "Training speed: eager and
+    compiled"). Memory still peaks where use peaks. Linux/glibc only;
     elsewhere nothing changes."""
     try:
         libc = ctypes.CDLL("libc.so.6")

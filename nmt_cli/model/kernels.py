@@ -42,11 +42,11 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Te
     """`attention` of incremental decoding: a few queries (the beams of a sentence, or one row's newest
     position) over cached keys and values. Inside torch.compile on a CPU it is written as products and
     sums, which inductor fuses into one kernel that reads each cached key and value once, where it
-    would leave two batched matrix products to torch (alone, on one AVX512 CPU, the fusion was not
-    the faster: benchmarks/README.md). Eager on a CPU outside autograd it is the C kernel of `native.py`
-    where there is one and it takes the shapes (fp32 or bf16): one pass over each head's cache, where
-    torch runs two batched products of tiny matrices (and in bf16 sets up a new primitive for every
-    cache length; benchmarks/README.md). Elsewhere it is `attention`."""
+    would leave two batched matrix products to torch. Eager on a CPU outside autograd it is the C
+    kernel of `native.py` where there is one and it takes the shapes (fp32 or bf16): one pass over each
+    head's cache, where torch runs two batched products of tiny matrices (and in bf16 sets up a new
+    primitive for every cache length). Elsewhere it is `attention`. Measured: benchmarks/README.md,
+    "Translation"."""
     if not torch.compiler.is_compiling():
         found = None if q.device.type != "cpu" or q.requires_grad else native.cached_attention(q, k, v, mask)
         if found is not None:
@@ -79,8 +79,7 @@ def output_projection(hidden: Tensor, weight: Tensor, rows: int) -> Tensor:
     Inside `packed_weights` (a search), in float32 on an x86 CPU, it takes oneDNN's matrix product
     with the weight packed once into its blocked layout: the projection's matrix is wide (rows = the
     vocabulary) and the search's batches are short (a few to 256 rows), where torch's default (MKL)
-    product runs well below the CPU's peak. On a 2-core AMD EPYC (AVX2) it ran at 1.3x (256 rows) to
-    1.7x (4 rows) MKL's speed, and beam search went 1.1x as fast: benchmarks/README.md. The result
+    product runs well below the CPU's peak (benchmarks/README.md, "Translation"). The result
     equals torch's to rounding (another order of the same sums). Elsewhere (training and its
     validation loss, a GPU, bf16, inside torch.compile, or where this torch lacks the operation):
     `F.linear`."""
@@ -110,9 +109,8 @@ def packed_weights() -> Iterator[None]:
     """Within it, on this thread, `output_projection` packs each weight on first use and reuses it:
     for a search, whose weights cannot change. Packs never outlive it, because a weight can change
     in place unseen: torch's fused Adam step, for one, leaves the tensor's version counter as it was
-    (a pack kept across a training run's validations was the first update's weights). Packing takes
-    2 ms for the Multi30k model's 7,792 x 128 weight and 0.1 s for 32,000 x 1,024 (transformer_big),
-    once a batch of sentences, which takes seconds."""
+    (a pack kept across a training run's validations was the first update's weights). A pack is made
+    once a batch of sentences, a small cost beside the batch's search."""
     if not _PACKING or hasattr(_scope, "packed"):
         yield
         return
@@ -130,13 +128,13 @@ _scope = threading.local()  # .packed inside `packed_weights`: (data pointer, sh
 PACKED_FOR_ROWS = 256  # the batch size oneDNN is told to pack for: the search's chunks (beams.CHUNK_ROWS)
 
 
-SHORT_ROW = 16  # torch's CPU softmax over fewer entries than this is 3-6x slower than over 16
+SHORT_ROW = 16  # torch's CPU softmax over fewer entries than this is slower than over 16
 
 
 def softmax(scores: Tensor) -> Tensor:
     """softmax over the last dimension. Rows shorter than `SHORT_ROW` on a CPU, outside autograd, take
     four elementwise operations instead of torch's kernel, which handles them element by element
-    (several times slower: benchmarks/README.md)."""
+    (benchmarks/README.md, "Translation")."""
     if (torch.compiler.is_compiling() or scores.device.type != "cpu" or scores.requires_grad
             or scores.shape[-1] >= SHORT_ROW):  # in this order: no guard on a compiled graph's sizes
         return torch.softmax(scores, dim=-1)
@@ -147,9 +145,8 @@ def softmax(scores: Tensor) -> Tensor:
 def relu(x: Tensor) -> Tensor:
     """max(0, x) (section 3.3). Compiled for training on a CPU, its backward multiplies by the sign of
     its output, which the next layer keeps anyway: with torch's relu, inductor saves a boolean mask
-    for the backward, and its CPU kernels store and load booleans slowly (a feed-forward block of
-    6,144 tokens, 256 -> 1024 -> 256, forward and backward in bf16: 92-123 ms compiled against 52-68
-    eager; 60 ms with this relu)."""
+    for the backward, and its CPU kernels store and load booleans slowly (benchmarks/README.md,
+    "Training speed: eager and compiled")."""
     if torch.compiler.is_compiling() and x.device.type == "cpu" and x.requires_grad:
         return _ReluBySign.apply(x)
     return F.relu(x)
@@ -173,7 +170,8 @@ class Dropout(nn.Dropout):
     instead of one draw per element. The drop probability is rounded to a multiple of 1/65536 (0.1
     becomes 0.100006); kept values are scaled by 1 / (1 - that probability). GPUs keep torch's.
     Compiled (`nmt train --compile`) the same: `training.step.compile_model` leaves the draw to torch
-    (inductor's `fallback_random`) and inductor fuses the rest; inductor's own dropout was slower."""
+    (inductor's `fallback_random`) and inductor fuses the rest, which beat inductor's own dropout
+    (benchmarks/README.md, "Training speed: eager and compiled")."""
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0 or x.device.type != "cpu":

@@ -56,8 +56,8 @@ def compile_model(model: Transformer, device: torch.device) -> None:
     if device.type == "cpu" and (compiler := missing_compiler()) is not None:
         raise NmtError(no_compiler_message(compiler, "train"))
     # On a CPU, the random numbers of dropout come from torch's generator, drawn as `kernels.Dropout`
-    # draws them: with inductor's own, the compiled bf16 step ran at 0.62x eager's speed, with these
-    # 0.93x (benchmarks/README.md)
+    # draws them: inductor's own were the compiled step's largest cost (benchmarks/README.md,
+    # "Training speed: eager and compiled")
     model.compile(dynamic=True, options={"fallback_random": True} if device.type == "cpu" else None)
 
 
