@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from nmt_cli import __version__
-from nmt_cli.config.core import dump_yaml, to_dict
+from nmt_cli.config.core import dump_yaml, read_small_text, to_dict
 from nmt_cli.errors import NmtError, shown
 
 MANIFEST = "manifest.json"
@@ -108,8 +108,6 @@ def open_input(path: Path) -> IO[bytes]:
 # What passes the limit is a binary or corrupt file, or a device such as /dev/zero, whose one "line"
 # would otherwise grow until memory runs out.
 MAX_LINE_BYTES = 16 << 20
-# The largest YAML config, manifest or checksums file (each is read whole): kilobytes in practice.
-MAX_SMALL_FILE_BYTES = 16 << 20
 
 
 def line_too_long(name: str | Path, number: int, limit: int = MAX_LINE_BYTES) -> NmtError:
@@ -128,18 +126,6 @@ def bounded_lines(f: IO[bytes], name: str | Path, first_line: int = 1,
             raise line_too_long(name, number, limit)
         yield raw
         number += 1
-
-
-def read_small_text(path: Path, what: str, limit: int = MAX_SMALL_FILE_BYTES) -> str:
-    """The whole of a small UTF-8 file (a config, a manifest), refused if it is over `limit` bytes
-    (unbounded, a link to /dev/zero would fill the memory). OSError and UnicodeDecodeError pass to the
-    caller, which knows what the file is for."""
-    with open(path, "rb") as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise NmtError(f"{path}: a {what} of over {limit:,} bytes; this is not the {what} meant here "
-                       "(a binary file, or a device such as /dev/zero?)")
-    return data.decode("utf-8")
 
 
 def read_text(path: Path) -> str:

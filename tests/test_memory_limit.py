@@ -82,7 +82,7 @@ CASES = {
     "prepare_config_billion_laughs": ("prepare toy --config {laughs} --out {folder}/o1", "'src_lang' must "
                                       "be a string; got [['lol', 'lol', 'lol', 'lol', ...], [[...]"),
     "train_config_dev_zero": ("train {bpe} --config {zero} --save-dir {folder}/o2",
-                              "is over 1,048,576 bytes; this is not a YAML config"),
+                              "a YAML config of over 1,048,576 bytes"),
     "prepare_local_corpus_of_nul_bytes": ("prepare local --src-lang en --tgt-lang de --train {folder}/nul "
                                           "--valid {folder}/nul --out {folder}/o3 --workers 1",
                                           f"nul.en, {TOO_LONG}"),

@@ -124,7 +124,7 @@ def yaml_layers(path: Path, including: tuple[Path, ...] = ()) -> list[tuple[str,
 
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
-        text = _read_bounded(Path(path))
+        text = read_small_text(Path(path), "YAML config", MAX_CONFIG_BYTES)
     except FileNotFoundError:
         raise NmtError(f"config file {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -140,13 +140,21 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _read_bounded(path: Path, limit: int = 1 << 20) -> str:
-    """The text of a config file, refused over `limit` bytes (a config is a few kB; unbounded, a link
-    to /dev/zero would fill the memory)."""
+# The largest manifest or checksums file (each is read whole): kilobytes in practice. A config is a
+# few kB.
+MAX_SMALL_FILE_BYTES = 16 << 20
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def read_small_text(path: Path, what: str, limit: int = MAX_SMALL_FILE_BYTES) -> str:
+    """The whole of a small UTF-8 file (a YAML config here; a manifest or checksums file through
+    `artifacts`, which cannot be imported here), refused if it is over `limit` bytes (unbounded, a
+    link to /dev/zero would fill the memory). OSError and UnicodeDecodeError pass to the caller,
+    which knows what the file is for."""
     with open(path, "rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:
-        raise NmtError(f"config file {path} is over {limit:,} bytes; this is not a YAML config "
+        raise NmtError(f"{path}: a {what} of over {limit:,} bytes; this is not the {what} meant here "
                        "(a binary file, or a device such as /dev/zero?)")
     return data.decode("utf-8")
 

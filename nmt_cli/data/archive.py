@@ -16,7 +16,8 @@ import tarfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-from nmt_cli.artifacts import atomic_writer, read_small_text
+from nmt_cli.artifacts import atomic_writer
+from nmt_cli.config.core import read_small_text
 from nmt_cli.errors import NmtError, shown
 
 MARKER = ".complete.json"

@@ -25,7 +25,7 @@ from typing import Any
 from rich.progress import BarColumn, DownloadColumn, TextColumn, TransferSpeedColumn
 
 from nmt_cli import __version__
-from nmt_cli.artifacts import read_small_text
+from nmt_cli.config.core import read_small_text
 from nmt_cli.errors import NmtError, shown
 from nmt_cli.progress import ProgressReport, log
 
