@@ -14,7 +14,7 @@ from conftest import assert_user_error, nmt, tiny_trainer, why_torch_compile_can
 from nmt_cli.config.model import ModelConfig
 from nmt_cli.config.train import LogConfig, OptimConfig
 from nmt_cli.training import train
-from nmt_cli.training.step import COMPILED_MULTIPLE, compiled_graphs
+from nmt_cli.training.step import COMPILED_MULTIPLE, Totals, compiled_graphs
 
 
 class HostSyncs(TorchDispatchMode):
@@ -157,7 +157,8 @@ def test_compiled_training_follows_eager(train_data: Path, tmp_path: Path) -> No
             i = u % len(split.batches)
             out = step.run([split.batches[i]], int(split.tgt_tokens[i]), u + 1, u + 1, [0.0, 0.0])
             step.zero_grad()
-            found.append(float(out.totals[0] / out.totals[2]))
+            totals = Totals.read(out.totals.tolist())
+            found.append(totals.loss / totals.tgt_tokens)
         shapes = {tuple(step.batches.get(ids)["src"].shape) for ids in split.batches}
         assert all(length % COMPILED_MULTIPLE == 0 for _, length in shapes) == compile, shapes
         return found

@@ -70,18 +70,45 @@ class Outcome(NamedTuple):
     """One update as every rank saw it, still on the device: the trainer reads it at its next sync
     point (train.py `Trainer._settle`), so that the host never waits for the device in between."""
 
-    totals: Tensor  # float64: [0:5] loss, nll, target and source tokens, sentences trained; [5:8] ranks
-    # with a non-finite loss, ranks with non-finite gradients, micro-batches dropped for lack of memory;
-    # [8:] the caller's flags; each summed over ranks
+    totals: Tensor  # float64: the fields of `Totals` in order, each summed over ranks
     norm: Tensor  # the gradient norm over the tokens trained, before clipping
     lr: float
     trained: list[np.ndarray]  # the example ids of this rank's micro-batches that were trained
 
 
-def applied(totals: list[float]) -> bool:
-    """Whether the optimiser stepped in the update of `totals` (read from an `Outcome`): no rank saw
-    a non-finite value and some tokens were trained. The device decided the same (`Step.run`)."""
-    return totals[5] == 0 and totals[6] == 0 and totals[2] > 0
+class Totals(NamedTuple):
+    """An update's sums over all ranks, as the host reads them from `Outcome.totals`: one float64
+    vector on the device, so that one all-reduce carries them all, in this order."""
+
+    loss: float  # summed label-smoothed loss of the tokens trained
+    nll: float  # summed negative log-likelihood
+    tgt_tokens: float
+    src_tokens: float
+    sentences: float
+    loss_bad_ranks: float  # ranks whose loss was not finite
+    grad_bad_ranks: float  # ranks whose gradients were not finite
+    oom_micro_batches: float  # micro-batches dropped for lack of memory
+    flags: tuple[float, ...]  # the caller's flags (`Step.run`), last
+
+    @classmethod
+    def read(cls, values: list[float]) -> Totals:
+        return cls(*values[:FLAGS], tuple(values[FLAGS:]))
+
+    @property
+    def applied(self) -> bool:
+        """Whether the optimiser stepped: no rank saw a non-finite value and some tokens were trained.
+        The device decided the same (`Step.run`)."""
+        return self.loss_bad_ranks == 0 and self.grad_bad_ranks == 0 and self.tgt_tokens > 0
+
+    @property
+    def trained(self) -> tuple[float, float, float, float, float]:
+        """What the training log counts: loss, nll, target and source tokens, sentences."""
+        return self.loss, self.nll, self.tgt_tokens, self.src_tokens, self.sentences
+
+
+# Where each field sits in `Outcome.totals` on the device
+LOSS_BAD, GRAD_BAD, TGT, SENTENCES, OOM, FLAGS = map(Totals._fields.index, (
+    "loss_bad_ranks", "grad_bad_ranks", "tgt_tokens", "sentences", "oom_micro_batches", "flags"))
 
 
 class Batches:
@@ -158,17 +185,17 @@ class Step:
         norm = torch.linalg.vector_norm(norms)  # as torch.nn.utils.get_total_norm
         finite_here = torch.isfinite(norm)
         self._remember_nonfinite([n for n, _ in named], norms, finite_here)
-        totals = torch.zeros(8 + len(flags), dtype=torch.float64, device=ctx.device)
-        totals[:4] = sums
-        totals[5] = ~torch.isfinite(sums[0])
-        totals[6] = ~finite_here
-        for i, value in ((4, sentences), (7, dropped), *enumerate(flags, start=8)):
+        totals = torch.zeros(FLAGS + len(flags), dtype=torch.float64, device=ctx.device)
+        totals[:4] = sums  # loss, nll, target and source tokens
+        totals[LOSS_BAD] = ~torch.isfinite(sums[0])
+        totals[GRAD_BAD] = ~finite_here
+        for i, value in ((SENTENCES, sentences), (OOM, dropped), *enumerate(flags, start=FLAGS)):
             totals[i].fill_(value)  # a number into a kernel argument, not a copy from the host
         distributed.all_reduce_(totals, ctx)  # every rank decides alike
-        skip = (totals[5] > 0) | (totals[6] > 0) | (totals[2] == 0)  # as `applied`
+        skip = (totals[LOSS_BAD] > 0) | (totals[GRAD_BAD] > 0) | (totals[TGT] == 0)  # as `Totals.applied`
         # Micro-batches were dropped when fewer tokens were trained than planned: the mean over those
         # trained. Then clipping; one multiplication for both (share 1 leaves it bitwise as before).
-        share = (update_tgt_tokens / totals[2].clamp(min=1)).float()
+        share = (update_tgt_tokens / totals[TGT].clamp(min=1)).float()
         norm = norm * share
         if cfg.optim.clip_norm > 0:
             share = share * (cfg.optim.clip_norm / (norm + 1e-6)).clamp(max=1.0)
@@ -179,7 +206,8 @@ class Step:
         if self.scaler.is_enabled():  # fp16: GradScaler steps and scales by what the host reads now
             if not bool(skip):
                 self.scaler.step(self.optimizer)
-            guard.update_loss_scale(self.scaler, bool((totals[5] == 0) & (totals[6] == 0)), bool(finite_here))
+            finite = (totals[LOSS_BAD] == 0) & (totals[GRAD_BAD] == 0)
+            guard.update_loss_scale(self.scaler, bool(finite), bool(finite_here))
         else:
             self.optimizer.found_inf = skip.float()  # 1.0: fused Adam leaves everything as it was
             self.scaler.step(self.optimizer)  # (disabled: the optimiser's own step)

@@ -32,8 +32,7 @@ from nmt_cli.training import optim as optim_lib
 from nmt_cli.training.counters import Counters
 from nmt_cli.training.loss import per_token
 from nmt_cli.training.resume import apply_resume, rng_state, training_checkpoint
-from nmt_cli.training.step import Outcome, Step, compiled_graphs, micro_batch_loss
-from nmt_cli.training.step import applied as step_applied
+from nmt_cli.training.step import Outcome, Step, Totals, compiled_graphs, micro_batch_loss
 from nmt_cli.training.trainlog import JSONL, Interval, TrainLog, truncate_after
 
 
@@ -250,8 +249,10 @@ class Trainer:
         c.update -= len(pending)
         applied = False
         for (out, planned), row in zip(pending, rows, strict=True):
-            totals, norm, number = row[:-1], row[-1], c.update + 1
-            health, applied = guard.Health(*map(int, totals[5:8]), self.ctx.world_size), step_applied(totals)
+            totals, norm, number = Totals.read(row[:-1]), row[-1], c.update + 1
+            health = guard.Health(int(totals.loss_bad_ranks), int(totals.grad_bad_ranks),
+                                  int(totals.oom_micro_batches), self.ctx.world_size)
+            applied = totals.applied
             c.update, c.skipped_updates = c.update + int(applied), c.skipped_updates + int(not applied)
             c.bad_updates = 0 if health.finite else c.bad_updates + 1
             c.micro_batches, c.oom_micro_batches = (c.micro_batches + planned,
@@ -261,9 +262,10 @@ class Trainer:
             guard.check_nonfinite(cfg, c, health, scale, lambda: guard.locate_nonfinite(
                 self.model, self.ctx, self.step.nonfinite_gradients()), self.saved_update)
             guard.check_out_of_memory(cfg, c, self.saved_update)
-            self.interval.add(totals[:5] if applied else None, norm, out.lr, health.oom_micro_batches)
-            c.stop_requested = c.stop_requested or totals[9] > 0
-            self.save_due = self.save_due or totals[8] > 0
+            self.interval.add(totals.trained if applied else None, norm, out.lr, health.oom_micro_batches)
+            save, stop = totals.flags  # as `_time_flags` made them
+            c.stop_requested = c.stop_requested or stop > 0
+            self.save_due = self.save_due or save > 0
             every = cfg.log.interval
             if applied and every > 0 and c.update % every == 0 and self.interval.updates:
                 self.log.record(self.interval.record(c))

@@ -18,7 +18,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,8 +151,8 @@ class Interval:
         self.clock, self.clock_tgt, self.last_loss, self.last_lr = time.monotonic(), 0.0, 0.0, 0.0
         self.clock_flops = 0.0
 
-    def add(self, totals: list[float] | None, gnorm: float, lr: float, oom_micro_batches: int) -> None:
-        """One update's sums over all ranks, or None for a skipped update."""
+    def add(self, totals: Sequence[float] | None, gnorm: float, lr: float, oom_micro_batches: int) -> None:
+        """One update's sums over all ranks (`step.Totals.trained`), or None for a skipped update."""
         self.values["oom"] += oom_micro_batches
         if totals is None:
             self.values["skipped"] += 1
