@@ -140,16 +140,24 @@ def _out_json(cfg: ScoreConfig) -> Path:
     return out_json
 
 
+def paired_lines(hyp_path: Path, ref_path: Path, rule: str) -> tuple[list[str], list[str]]:
+    """The lines of the hypotheses and of the reference, refused unless there are as many of each
+    (`rule` says what pairs them) and some."""
+    hyps, refs = list(read_lines(hyp_path)), list(read_lines(ref_path))
+    if len(hyps) != len(refs):
+        raise NmtError(f"{hyp_path} has {len(hyps)} lines but the reference {ref_path} has {len(refs)}; "
+                       f"{rule}")
+    if not hyps:
+        raise NmtError(f"{hyp_path} and {ref_path} are empty: there is nothing to score")
+    return hyps, refs
+
+
 def _score_translation(cfg: ScoreConfig) -> None:
     hyp_path, out_json = Path(cfg.hyp), _out_json(cfg)
     ref_path = _reference(cfg)
     target_lang, lang_note = _target_lang(cfg, ref_path)
-    hyps, refs = list(read_lines(hyp_path)), list(read_lines(ref_path))
-    if len(hyps) != len(refs):
-        raise NmtError(f"{hyp_path} has {len(hyps)} lines but the reference {ref_path} has {len(refs)}; "
-                       "each hypothesis line must translate the same line of the reference")
-    if not hyps:
-        raise NmtError(f"{hyp_path} and {ref_path} are empty: there is nothing to score")
+    hyps, refs = paired_lines(hyp_path, ref_path, "each hypothesis line must translate the same line of "
+                              "the reference")
     scores = compute_scores(hyps, refs, target_lang, cfg.tokenize)
     report = {"hyp": str(hyp_path), "ref": str(ref_path), "segments": len(hyps), "target_lang": target_lang,
               **scores}
@@ -168,12 +176,8 @@ def _score_parse(cfg: ScoreConfig) -> None:
         raise NmtError("--task parse needs the reference trees as --ref FILE, one tree per line "
                        "(`nmt prepare ptb` writes them as raw/test.trees); --test-set is for translation")
     hyp_path, ref_path, out_json = Path(cfg.hyp), Path(cfg.ref), _out_json(cfg)
-    hyps, refs = list(read_lines(hyp_path)), list(read_lines(ref_path))
-    if len(hyps) != len(refs):
-        raise NmtError(f"{hyp_path} has {len(hyps)} lines but the reference {ref_path} has {len(refs)}; "
-                       "each line must hold the tree of the same sentence as that line of the reference")
-    if not hyps:
-        raise NmtError(f"{hyp_path} and {ref_path} are empty: there is nothing to score")
+    hyps, refs = paired_lines(hyp_path, ref_path, "each line must hold the tree of the same sentence as "
+                              "that line of the reference")
     try:
         every, short, problems = evalb.evaluate(refs, hyps, cfg.cutoff_len)
     except evalb.BadTree as e:
