@@ -25,6 +25,7 @@ what the model is.
 from __future__ import annotations
 
 import argparse
+import copy
 import ctypes
 import os
 import time
@@ -42,6 +43,7 @@ from nmt_cli.inference.replicas import Replicas
 from nmt_cli.inference.search import IncrementalDecoder, translate_ids
 from nmt_cli.inference.translate import Translator, auto_cpu_dtype
 from nmt_cli.model import file as model_file
+from nmt_cli.model import int8
 from nmt_cli.model.cpu import keep_freed_memory, this_cpu
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "wmt14-newstest2014" / "en-de"
@@ -78,7 +80,7 @@ def main() -> None:
                         help="sentences for the uncached search")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=TranslateConfig.max_tokens)
-    parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--dtypes", default="fp32,bf16", help="of fp32, bf16, int8")
     parser.add_argument("--beam-style", choices=("paper", "shrinking"), default="paper",
                         help="nmt's search (CTranslate2 has its own)")
     parser.add_argument("--stop", choices=("bound", "beam"), default="bound",
@@ -107,18 +109,19 @@ def main() -> None:
     print(f"{'search':<8} {'dtype':<5} {'decoder':<13} {'sentences':>9} {'seconds':>8} {'cpu s':>7} "
           f"{'sent/s':>8} {'tok/s':>8} {'out len':>7} {'rows/sent':>9} {'BLEU':>6}")
     for dtype_name in args.dtypes.split(","):
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+        # int8 (`nmt translate --dtype int8`) quantizes a copy: the other rows keep the float model
+        searched = (int8.quantize(copy.deepcopy(model).float()) if dtype_name == "int8"
+                    else model.to({"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]))
         for beam in (4, 1):
             cfg = TranslateConfig(model=args.model, beam=beam, max_tokens=args.max_tokens,
                                   beam_style=args.beam_style, stop=args.stop)
-            translator = Translator(model.to(dtype), dictionary, sp, cfg, lambda _: None,
-                                    workers=args.threads)
+            translator = Translator(searched, dictionary, sp, cfg, lambda _: None, workers=args.threads)
             measure(translator, lines[:20], cached=True)  # warm-up: thread pools, kernel selection
             for cached in (True, False):
                 subset = lines if cached else lines[: args.reference_sentences]
                 print_row(beam, dtype_name, "incremental" if cached else "full forward", subset,
                           *measure(translator, subset, cached), refs)
-            if args.compile:
+            if args.compile and dtype_name != "int8":  # int8 runs eagerly
                 measure_compiled(translator, beam, dtype_name, lines, refs, args.threads)
     if args.ctranslate2:
         default = "bf16" if auto_cpu_dtype(this_cpu(), model.cfg.d_model, 4) == torch.bfloat16 else "fp32"

@@ -41,7 +41,7 @@ from nmt_cli.inference.replicas import Replicas, describe
 from nmt_cli.inference.search import compile_decoder, cpu_workers, translate_ids
 from nmt_cli.inference.trees import TreeConstraint, TreeSymbols, as_tree_line
 from nmt_cli.model import file as model_file
-from nmt_cli.model import native
+from nmt_cli.model import int8, native
 from nmt_cli.model.cpu import (
     Cpu,
     keep_freed_memory,
@@ -234,6 +234,11 @@ def _device_and_dtype(cfg: TranslateConfig) -> tuple[torch.device, torch.dtype]:
                 raise NmtError("--dtype fp16 needs a CUDA device; on the CPU use bf16 (fast where the CPU "
                                "supports it) or fp32")
             dtype = torch.float16
+        case "int8":  # the linear layers in int8, the rest in float32 (`model/int8.py`)
+            if device.type != "cpu":
+                raise NmtError("--dtype int8 runs on a CPU (torch's int8 matrix product); on cuda use "
+                               "bf16 or fp16")
+            dtype = torch.float32
         case _:
             dtype = torch.float32
     return device, dtype
@@ -254,6 +259,8 @@ def _check(cfg: TranslateConfig) -> None:
         check_output_file(cfg.output, "--output")
     if cfg.compile and len(cfg.model) > 1:
         raise NmtError("--compile translates with one model: leave it out for an ensemble")
+    if cfg.compile and cfg.dtype == "int8":
+        raise NmtError("--dtype int8 runs eagerly: leave out --compile (or use fp32 or bf16 with it)")
 
 
 def load_translator(cfg: TranslateConfig, warn: Warn, cpu: Cpu | None = None) -> Translator:
@@ -283,6 +290,9 @@ def load_translator(cfg: TranslateConfig, warn: Warn, cpu: Cpu | None = None) ->
         raise NmtError(no_compiler_message(compiler, "translate"))
     loaded = [model_file.load_model_for_text(path, device) for path in cfg.model]
     check_members(list(cfg.model), [d for _, d, _, _ in loaded], [b for _, _, b, _ in loaded])
+    if cfg.dtype == "int8":
+        for member, _, _, _ in loaded:
+            int8.quantize(member)
     model, dictionary, spm_bytes, normalization = loaded[0]
     if len(loaded) > 1:
         model = Ensemble([m for m, _, _, _ in loaded])
@@ -290,7 +300,8 @@ def load_translator(cfg: TranslateConfig, warn: Warn, cpu: Cpu | None = None) ->
                                  "the file is damaged or was not written by nmt")
     if cfg.dtype == "auto" and device.type == "cpu":
         dtype = auto_cpu_dtype(cpu or this_cpu(), model.cfg.d_model, cfg.beam)
-    model = model.to(dtype)
+    if cfg.dtype != "int8":
+        model = model.to(dtype)
     without_kernel = device.type == "cpu" and not cfg.compile and native.library() is None
     if without_kernel and (why := native.why_not()) != "NMT_NATIVE=0":
         warn(f"the search's C kernel is not available ({why}); the search picks its best tokens in "

@@ -99,23 +99,28 @@ class Attention(nn.Module):
         nn.init.zeros_(self.in_proj.bias)
         nn.init.zeros_(self.out_proj.bias)
 
+    def _in_proj(self, x: Tensor, rows: slice) -> Tensor:
+        """x through the rows `rows` of W^Q, W^K, W^V stacked: a float layer's, or an int8 one's
+        (`model/int8.py`), which takes the rows itself."""
+        if isinstance(self.in_proj, nn.Linear):
+            return F.linear(x, self.in_proj.weight[rows], self.in_proj.bias[rows])
+        return self.in_proj(x, rows)
+
     def _heads(self, x: Tensor) -> Tensor:  # (B, L, H * width) -> (B, H, L, width)
         B, L, width = x.shape
         return x.view(B, L, self.heads, width // self.heads).transpose(1, 2)
 
     def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries and keys (B, H, L, K) and values (B, H, L, K_v) of self-attention."""
-        q, k, v = F.linear(x, self.in_proj.weight, self.in_proj.bias).split(self.widths, dim=-1)
+        q, k, v = self._in_proj(x, slice(None)).split(self.widths, dim=-1)
         return self._heads(q), self._heads(k), self._heads(v)
 
     def query(self, x: Tensor) -> Tensor:
-        q = self.widths[0]
-        return self._heads(F.linear(x, self.in_proj.weight[:q], self.in_proj.bias[:q]))
+        return self._heads(self._in_proj(x, slice(None, self.widths[0])))
 
     def keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys (B, H, S, K) and values (B, H, S, K_v) over the encoder output: once per sentence."""
-        q = self.widths[0]
-        kv = F.linear(memory, self.in_proj.weight[q:], self.in_proj.bias[q:])
+        kv = self._in_proj(memory, slice(self.widths[0], None))
         k, v = kv.split(self.widths[1:], dim=-1)
         return self._heads(k), self._heads(v)
 
@@ -266,6 +271,7 @@ class Transformer(nn.Module):
             table = (sinusoids if cfg.positions == "sinusoidal" else fairseq_sinusoids)(cfg.max_positions,
                                                                                       cfg.d_model)
             self.register_buffer("positions", table, persistent=False)
+        self.int8_output: nn.Module | None = None  # the output projection in int8 (`model/int8.py`)
         self.embed_dropout = Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
@@ -313,11 +319,16 @@ class Transformer(nn.Module):
             x = layer(x, enc, None)
         return self.decoder_norm(x)
 
+    def output_weight(self) -> Tensor:
+        """The output projection's matrix (V, D): tied to the embedding unless separate."""
+        return self.output_proj.weight if self.cfg.share_embeddings == "none" else self.embed.weight
+
     def logits(self, hidden: Tensor) -> Tensor:
         """(..., D) -> (..., V_out): the output projection, tied to the embedding unless separate; over
         the first `output_vocab` dictionary entries (all of them unless set)."""
-        weight = self.output_proj.weight if self.cfg.share_embeddings == "none" else self.embed.weight
-        return output_projection(hidden, weight, self.output_vocab)
+        if self.int8_output is not None:
+            return self.int8_output(hidden)
+        return output_projection(hidden, self.output_weight(), self.output_vocab)
 
     def forward(self, src: Tensor, prev: Tensor, keep: Tensor | None = None) -> Tensor:
         """Teacher-forced logits (B, T, V), or (N, V) for the N flat positions of (B * T) in `keep`
