@@ -31,7 +31,10 @@ VARIANTS = {"post": SMALL, "pre": dataclasses.replace(SMALL, norm="pre"),
                                                         positions="fairseq_sinusoidal", decoder_start="eos"),
             "fairseq, target shared": dataclasses.replace(SMALL, share_embeddings="target", norm="pre",
                                                           positions="learned", shared_positions=False,
-                                                          decoder_start="eos")}
+                                                          decoder_start="eos"),
+            # what `nmt import huggingface` writes for an OPUS-MT model: swish, a bias on the logits,
+            # PAD read first
+            "marian": dataclasses.replace(SMALL, activation="swish", output_bias=True, decoder_start="pad")}
 # fp32 on the CPU; different batch shapes take different kernel paths, so results agree to rounding only
 ATOL = 1e-5
 
@@ -189,19 +192,20 @@ def test_head_widths_shape_the_projections_and_old_configs_keep_theirs() -> None
 def test_a_model_file_from_before_table3_and_fairseq_settings_loads_unchanged(tiny_trained_model: Path,
                                                                               tmp_path: Path) -> None:
     """A file whose model config has no d_k, d_v, positions or the settings of imported fairseq models
-    (written before they existed) loads as
-    the paper's model: d_model / h per head, sinusoids, the same weights and outputs."""
+    or of imported MarianMT models (written before they existed) loads as the paper's model: d_model / h
+    per head, sinusoids, relu, no output bias, the same weights and outputs."""
     from nmt_cli.model import file as model_file
 
     state = model_file.load(tiny_trained_model)
     for key in ("d_k", "d_v", "positions", "share_embeddings", "shared_positions", "output_vocab",
-                "decoder_start"):
+                "decoder_start", "activation", "output_bias"):
         del state["model_config"][key]
     model_file.save(tmp_path / "old.pt", state)
     old, _, _ = model_file.load_model(tmp_path / "old.pt")
     new, _, _ = model_file.load_model(tiny_trained_model)
     assert (old.cfg.d_k, old.cfg.d_v, old.cfg.positions) == (0, 0, "sinusoidal")
     assert (old.cfg.share_embeddings, old.cfg.output_vocab, old.cfg.decoder_start) == ("all", 0, "bos")
+    assert (old.cfg.activation, old.cfg.output_bias) == ("relu", False) and not hasattr(old, "output_bias")
     src, prev = _tokens([5, 3], seed=13), _tokens([4, 4], seed=14, first=BOS)
     src, prev = src.clamp(max=len(new.embed.weight) - 1), prev.clamp(max=len(new.embed.weight) - 1)
     assert torch.equal(old(src, prev), new(src, prev))
@@ -382,3 +386,65 @@ def test_a_transformer_and_an_ensemble_are_what_the_search_decodes() -> None:
     assert isinstance(_model(), SearchModel)
     assert isinstance(Ensemble([_model(), _model(seed=1)]), SearchModel)
     assert not isinstance(torch.nn.Linear(2, 2), SearchModel)
+
+
+@pytest.mark.parametrize("activation, function", [("swish", torch.nn.functional.silu),
+                                                  ("gelu", torch.nn.functional.gelu)])
+def test_the_activation_setting_replaces_the_relu(activation: str, function) -> None:
+    """activation: swish (OPUS-MT's) or gelu: FFN(x) = f(x W1 + b1) W2 + b2 with that f, on the same
+    weights as the paper's max(0, .); negative inputs, where they differ, change the output."""
+    relu_model, other = _model(), _model(dataclasses.replace(SMALL, activation=activation))
+    other.load_state_dict(relu_model.state_dict())  # one set of weights: the setting is not a parameter
+    x = torch.randn(3, 5, 32)
+    ffn = other.encoder[0].ffn
+    torch.testing.assert_close(ffn(x), ffn.fc2(function(ffn.fc1(x))))
+    assert not torch.allclose(ffn(x), relu_model.encoder[0].ffn(x), atol=1e-3)
+    src, prev = _tokens([6, 3], seed=15), _tokens([5, 2], seed=16, first=BOS)
+    assert not torch.allclose(other(src, prev), relu_model(src, prev), atol=1e-3)
+
+
+def test_the_output_bias_is_added_to_every_position_logits() -> None:
+    """output_bias: a trained (V,) parameter added to the logits (MarianMT's final_logits_bias); the
+    rest of the model is the same, and a model without it has no such parameter (the files before)."""
+    plain = _model()
+    biased = Transformer(dataclasses.replace(SMALL, output_bias=True), VOCAB).eval()
+    assert "output_bias" not in plain.state_dict() and biased.output_bias.shape == (VOCAB,)
+    weights = {**plain.state_dict(), "output_bias": torch.randn(VOCAB)}
+    biased.load_state_dict(weights)
+    src, prev = _tokens([6, 3], seed=17), _tokens([5, 2], seed=18, first=BOS)
+    torch.testing.assert_close(biased(src, prev), plain(src, prev) + weights["output_bias"], atol=ATOL,
+                               rtol=0)
+    biased(src, prev).logsumexp(-1).sum().backward()
+    assert biased.output_bias.grad is not None and biased.output_bias.grad.abs().sum() > 0
+
+
+def test_decoder_start_pad_reads_pad_where_the_search_gives_bos() -> None:
+    """decoder_start: pad (MarianMT's decoder_start_token_id): the decoder reads PAD's embedding at
+    the first position, so its output is the BOS model's on targets that begin with PAD."""
+    bos = _model()
+    pad = _model(dataclasses.replace(SMALL, decoder_start="pad"))
+    pad.load_state_dict(bos.state_dict())
+    with torch.no_grad():  # a real row for PAD, as an imported model has (nmt's own keeps it zero)
+        bos.embed.weight[PAD] = pad.embed.weight[PAD] = torch.randn(32)
+    src, prev = _tokens([6, 3], seed=19), _tokens([5, 5], seed=20, first=BOS)
+    starting_with_pad = prev.clone()
+    starting_with_pad[:, 0] = PAD
+    torch.testing.assert_close(pad(src, prev), bos(src, starting_with_pad), atol=ATOL, rtol=0)
+    assert not torch.allclose(pad(src, prev), bos(src, prev), atol=1e-3)
+
+
+def test_a_target_sentencepiece_model_is_kept_and_files_without_one_use_the_joint_one(
+        tiny_trained_model: Path, tmp_path: Path) -> None:
+    """A file may carry the target side's own sentencepiece model (an imported MarianMT model's);
+    one without it (every file nmt trains, and those written before) turns output pieces into text
+    with its one model."""
+    from nmt_cli.model import file as model_file
+
+    plain = model_file.load_text_model(tiny_trained_model)
+    assert plain.target_spm_model == plain.spm_model
+    state = model_file.load(tiny_trained_model)
+    written = model_file.model_state(plain.model, plain.model.cfg, plain.dictionary, plain.spm_model,
+                                     target_spm_model=b"another model")
+    model_file.save(tmp_path / "two.pt", {**state, **written})
+    two = model_file.load_text_model(tmp_path / "two.pt")
+    assert (two.spm_model, two.target_spm_model) == (plain.spm_model, b"another model")

@@ -40,8 +40,15 @@ class ModelConfig:
     output_vocab: int = opt(
         0, "the first N dictionary entries are the target vocabulary, the only ones the decoder scores "
         "(0: all); the rest are source-only symbols of a model with separate dictionaries", at_least=0)
-    decoder_start: Literal["bos", "eos"] = opt(
-        "bos", "the token the decoder reads at the first position: BOS, or EOS as in fairseq")
+    decoder_start: Literal["bos", "eos", "pad"] = opt(
+        "bos", "the token the decoder reads at the first position: BOS, EOS as in fairseq, or PAD as in "
+        "MarianMT (decoder_start_token_id)")
+    # The settings below let a MarianMT model (`nmt import huggingface`) be expressed exactly; their
+    # defaults are the paper's model, as above.
+    activation: Literal["relu", "swish", "gelu"] = opt(
+        "relu", "the feed-forward activation: max(0, x) (section 3.3), swish x * sigmoid(x) as OPUS-MT's "
+        "models use, or gelu (the exact erf form)")
+    output_bias: bool = opt(False, "a bias on the output logits (MarianMT's final_logits_bias)")
 
     def __post_init__(self) -> None:
         """What the Transformer's shapes need: checked here, so that a setting from YAML or --set, or

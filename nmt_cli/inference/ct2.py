@@ -91,6 +91,13 @@ def model_spec(ct2: Any, model: Transformer, dictionary: Dictionary, path: Path)
     cfg = model.cfg
     if cfg.d_k or cfg.d_v:
         raise NmtError(f"{path}: CTranslate2 cannot represent model.d_k/model.d_v other than d_model / h")
+    # the settings of an imported MarianMT model, which this export does not carry
+    unsupported = [f"model.{name}={value!r}" for name, value, carried in
+                   (("activation", cfg.activation, ("relu",)), ("output_bias", cfg.output_bias, (False,)),
+                    ("decoder_start", cfg.decoder_start, ("bos", "eos"))) if value not in carried]
+    if unsupported:
+        raise NmtError(f"{path}: the CTranslate2 export does not carry {', '.join(unsupported)}; "
+                       "export it with `nmt export huggingface` instead")
     spec = ct2.specs.TransformerSpec.from_config((cfg.encoder_layers, cfg.decoder_layers), cfg.heads,
                                                  pre_norm=cfg.norm == "pre")
     w = {k: v.float().numpy() for k, v in model.state_dict().items()}

@@ -84,8 +84,10 @@ class Translator:
     def __init__(self, model: SearchModel, dictionary: Dictionary, sp: spm.SentencePieceProcessor,
                  cfg: TranslateConfig, warn: Warn, workers: int = 1,
                  replicas: Replicas | None = None, search: ct2.Search | None = None,
-                 normalization: Normalization | None = None) -> None:
+                 normalization: Normalization | None = None,
+                 target_sp: spm.SentencePieceProcessor | None = None) -> None:
         self.model, self.dictionary, self.sp, self.cfg, self.warn = model, dictionary, sp, cfg, warn
+        self.target_sp = target_sp or sp  # output pieces to text: the target side's own model, if any
         self.search = search  # another engine's search (an exported CTranslate2 folder); None: nmt's
         self.normalization = normalization  # applied to raw source text, as to the training text
         self.workers = workers  # batches searched at once (see `translate_ids`)
@@ -146,7 +148,7 @@ class Translator:
             case "pieces":
                 return clean_output(" ".join(pieces))
             case "raw" | "tree":
-                return clean_output(self.sp.decode(pieces))
+                return clean_output(self.target_sp.decode(pieces))
 
     def as_trees(self, lines: Sequence[str], results: list[list[tuple[float, str]]],
                  first_number: int) -> list[list[tuple[float, str]]]:
@@ -288,16 +290,19 @@ def load_translator(cfg: TranslateConfig, warn: Warn, cpu: Cpu | None = None) ->
         warn(message)
     if cfg.compile and device.type == "cpu" and (compiler := missing_compiler()) is not None:
         raise NmtError(no_compiler_message(compiler, "translate"))
-    loaded = [model_file.load_model_for_text(path, device) for path in cfg.model]
-    check_members(list(cfg.model), [d for _, d, _, _ in loaded], [b for _, _, b, _ in loaded])
+    loaded = [model_file.load_text_model(path, device) for path in cfg.model]
+    for spm_models in ([m.spm_model for m in loaded], [m.target_spm_model for m in loaded]):
+        check_members(list(cfg.model), [m.dictionary for m in loaded], spm_models)
     if cfg.dtype == "int8":
-        for member, _, _, _ in loaded:
-            int8.quantize(member)
-    model, dictionary, spm_bytes, normalization = loaded[0]
+        for member in loaded:
+            int8.quantize(member.model)
+    model, dictionary, spm_bytes, normalization, target_spm = loaded[0]
     if len(loaded) > 1:
-        model = Ensemble([m for m, _, _, _ in loaded])
+        model = Ensemble([m.model for m in loaded])
     sp = sentencepiece_processor(spm_bytes, f"the sentencepiece model inside {cfg.model[0]}",
                                  "the file is damaged or was not written by nmt")
+    target_sp = None if target_spm == spm_bytes else sentencepiece_processor(
+        target_spm, f"the target sentencepiece model inside {cfg.model[0]}", "the file is damaged")
     if cfg.dtype == "auto" and device.type == "cpu":
         dtype = auto_cpu_dtype(cpu or this_cpu(), model.cfg.d_model, cfg.beam)
     if cfg.dtype != "int8":
@@ -320,7 +325,7 @@ def load_translator(cfg: TranslateConfig, warn: Warn, cpu: Cpu | None = None) ->
                            "install a C++ compiler (g++, or name yours in $CXX), "
                            "or translate without --compile") from None
     return Translator(model, dictionary, sp, cfg, warn, workers, replicas,
-                      normalization=normalization if cfg.normalize == "model" else None)
+                      normalization=normalization if cfg.normalize == "model" else None, target_sp=target_sp)
 
 
 def auto_cpu_dtype(cpu: Cpu, d_model: int, beam: int) -> torch.dtype:

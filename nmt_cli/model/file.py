@@ -6,6 +6,8 @@ One format serves both kinds of file:
     {"format": "nmt/1", "kind": "checkpoint" | "model",
      "model": state_dict, "model_config": {...}, "dictionary": {"symbols": [...], "counts": [...]},
      "spm_model": bytes, "source_normalization": {...} or None (absent in files before it),
+     "target_spm_model": bytes (only where the target side has its own sentencepiece model, as an
+     imported MarianMT model's; absent: `spm_model` makes the pieces of both sides),
      "meta": {...}, "train": {...training state, checkpoints only...},
      "sha256": checksum of everything above}
 
@@ -23,7 +25,7 @@ import hashlib
 import pickle
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -124,6 +126,7 @@ def _check_layout(state: dict[str, Any], path: Path) -> None:
         "spm_model": isinstance(state.get("spm_model"), bytes),
         "meta": isinstance(state.get("meta", {}), dict),
         "train": isinstance(state.get("train", {}), dict),
+        "target_spm_model": isinstance(state.get("target_spm_model", b""), bytes),
         "source_normalization": state.get("source_normalization") is None
         or isinstance(state["source_normalization"], dict),  # its contents are resume.py's to check
     }
@@ -142,11 +145,22 @@ def _is_zip(path: Path) -> bool:
 
 
 def model_state(model: torch.nn.Module, cfg: ModelConfig, dictionary: Dictionary,
-                spm_model: bytes, source_normalization: dict[str, Any] | None = None) -> dict[str, Any]:
+                spm_model: bytes, source_normalization: dict[str, Any] | None = None,
+                target_spm_model: bytes | None = None) -> dict[str, Any]:
     """The parts of a file that describe the model: what `translate` and `average` need
-    (`source_normalization`: the record `nmt prepare` wrote, see `data.clean.Normalization`)."""
-    return {"model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-            **model_description(cfg, dictionary, spm_model, source_normalization)}
+    (`source_normalization`: the record `nmt prepare` wrote, see `data.clean.Normalization`;
+    `target_spm_model`: the target side's own sentencepiece model, if it has one)."""
+    state = {"model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+             **model_description(cfg, dictionary, spm_model, source_normalization)}
+    if target_spm_model is not None:
+        state["target_spm_model"] = target_spm_model
+    return state
+
+
+def target_spm_of(state: dict[str, Any]) -> bytes:
+    """The sentencepiece model that turns the file's output pieces into text: the target side's own,
+    or the one model of both sides (every file nmt trains, and files written before the key)."""
+    return bytes(state.get("target_spm_model", state["spm_model"]))
 
 
 def model_description(cfg: ModelConfig, dictionary: Dictionary, spm_model: bytes,
@@ -186,10 +200,26 @@ def load_model_for_text(path: Path, device: str | torch.device = "cpu"
                         ) -> tuple[Transformer, Dictionary, bytes, Normalization | None]:
     """`load_model` and the normalisation of the source text the model was trained on (None: the
     file does not say, it was written before nmt recorded it)."""
+    model, dictionary, spm_model, normalization, _ = load_text_model(path, device)
+    return model, dictionary, spm_model, normalization
+
+
+class TextModel(NamedTuple):
+    """A model file loaded for text in and text out (`nmt translate`)."""
+
+    model: Transformer  # in eval mode
+    dictionary: Dictionary
+    spm_model: bytes  # makes the source pieces
+    normalization: Normalization | None  # of the source text, as in training (None: not recorded)
+    target_spm_model: bytes  # turns output pieces into text (`target_spm_of`)
+
+
+def load_text_model(path: Path, device: str | torch.device = "cpu") -> TextModel:
     state = load(path)
     normalization = Normalization.from_record(state.get("source_normalization"), str(path),
                                               "the file is damaged")
     cfg = model_config_of(state, path)
     dictionary = dictionary_of(state, path)
     model = build_model(cfg, dictionary, state["model"], str(path))
-    return model.to(device).eval(), dictionary, bytes(state["spm_model"]), normalization
+    return TextModel(model.to(device).eval(), dictionary, bytes(state["spm_model"]), normalization,
+                     target_spm_of(state))

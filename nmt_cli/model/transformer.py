@@ -141,10 +141,12 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2  (section 3.3)."""
+    """FFN(x) = max(0, x W1 + b1) W2 + b2  (section 3.3); with `activation: swish` or `gelu`,
+    that function in place of max(0, .) (the MarianMT models of OPUS-MT use swish)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        self.activation = cfg.activation
         self.fc1, self.fc2 = nn.Linear(cfg.d_model, cfg.d_ff), nn.Linear(cfg.d_ff, cfg.d_model)
         self.activation_dropout = Dropout(cfg.activation_dropout)
         for fc in (self.fc1, self.fc2):
@@ -152,7 +154,15 @@ class FeedForward(nn.Module):
             nn.init.zeros_(fc.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.activation_dropout(relu(self.fc1(x))))
+        h = self.fc1(x)
+        match self.activation:
+            case "relu":
+                h = relu(h)
+            case "swish":
+                h = F.silu(h)
+            case "gelu":
+                h = F.gelu(h)
+        return self.fc2(self.activation_dropout(h))
 
 
 class Residual(nn.Module):
@@ -251,7 +261,9 @@ class Transformer(nn.Module):
 
     The settings a fairseq model needs (`nmt import fairseq`): separate source (`src_embed`) and output
     (`output_proj`) matrices, separate learned position tables, an output over only the first
-    `output_vocab` dictionary entries, fairseq's sinusoids, and EOS as the decoder's first input.
+    `output_vocab` dictionary entries, fairseq's sinusoids, and EOS as the decoder's first input. A
+    MarianMT model (`nmt import huggingface`) needs a feed-forward activation, a bias on the output
+    logits and PAD as the decoder's first input.
     """
 
     def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
@@ -271,6 +283,8 @@ class Transformer(nn.Module):
             table = (sinusoids if cfg.positions == "sinusoidal" else fairseq_sinusoids)(cfg.max_positions,
                                                                                       cfg.d_model)
             self.register_buffer("positions", table, persistent=False)
+        if cfg.output_bias:
+            self.output_bias = nn.Parameter(torch.zeros(self.output_vocab))
         self.int8_output: nn.Module | None = None  # the output projection in int8 (`model/int8.py`)
         self.embed_dropout = Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
@@ -298,8 +312,9 @@ class Transformer(nn.Module):
                      else self.learned_positions).weight
         else:
             table = self.positions
-        if not source and self.cfg.decoder_start == "eos":  # fairseq's decoder reads EOS where nmt's BOS
-            tokens = tokens.masked_fill(tokens == BOS, EOS)
+        if not source and self.cfg.decoder_start != "bos":  # fairseq's decoder reads EOS where nmt's
+            # reads BOS, MarianMT's PAD
+            tokens = tokens.masked_fill(tokens == BOS, EOS if self.cfg.decoder_start == "eos" else PAD)
         embed = self.src_embed if source and self.cfg.share_embeddings != "all" else self.embed
         x = embed(tokens) * math.sqrt(self.cfg.d_model) + table[start : start + length]
         return self.embed_dropout(x)
@@ -325,10 +340,12 @@ class Transformer(nn.Module):
 
     def logits(self, hidden: Tensor) -> Tensor:
         """(..., D) -> (..., V_out): the output projection, tied to the embedding unless separate; over
-        the first `output_vocab` dictionary entries (all of them unless set)."""
+        the first `output_vocab` dictionary entries (all of them unless set); plus `output_bias` if set."""
         if self.int8_output is not None:
-            return self.int8_output(hidden)
-        return output_projection(hidden, self.output_weight(), self.output_vocab)
+            logits = self.int8_output(hidden)
+        else:
+            logits = output_projection(hidden, self.output_weight(), self.output_vocab)
+        return logits + self.output_bias.to(logits.dtype) if self.cfg.output_bias else logits
 
     def forward(self, src: Tensor, prev: Tensor, keep: Tensor | None = None) -> Tensor:
         """Teacher-forced logits (B, T, V), or (N, V) for the N flat positions of (B * T) in `keep`
