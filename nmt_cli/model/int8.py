@@ -24,8 +24,8 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """x (N, K) float -> (int8 (N, K), float32 scales (N, 1)): each row scaled so that its largest
     magnitude is 127, rounded to the nearest integer (a row of zeros stays zeros)."""
     x = x.float()
-    scale = x.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny) / 127
-    return torch.round(x / scale).clamp_(-127, 127).to(torch.int8), scale
+    scale = x.abs().amax(dim=-1, keepdim=True).clamp_min_(torch.finfo(torch.float32).tiny).div_(127)
+    return (x / scale).round_().to(torch.int8), scale  # |x / scale| <= 127 by the scale's choice
 
 
 class Int8Linear(nn.Module):
@@ -45,9 +45,8 @@ class Int8Linear(nn.Module):
         if flat.shape[0] == 0:
             return x.new_zeros(*x.shape[:-1], qweight.shape[0])
         qx, x_scale = quantize_rows(flat)
-        y = torch._int_mm(qx, qweight.t()).float().mul_(x_scale).mul_(scale)
-        if self.bias is not None:
-            y.add_(self.bias[rows])
+        y = torch._int_mm(qx, qweight.t()).float().mul_(scale)
+        y = y.mul_(x_scale) if self.bias is None else torch.addcmul(self.bias[rows], y, x_scale)
         return y.view(*x.shape[:-1], qweight.shape[0])
 
     def dequantized(self) -> Tensor:
