@@ -87,7 +87,7 @@ def test_help_lists_the_choices_of_a_literal_and_imports_no_torch(tmp_path: Path
 def test_a_wrong_choice_on_the_command_line_is_the_configs_message(tmp_path: Path) -> None:
     proc = nmt("translate", tmp_path / "model.pt", "--dtype", "fp8", check=False)
     assert proc.returncode == 2
-    assert "'dtype' must be one of auto, bf16, fp16, fp32; got 'fp8'" in proc.stderr
+    assert "'dtype' must be one of auto, bf16, fp16, fp32, int8; got 'fp8'" in proc.stderr
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
