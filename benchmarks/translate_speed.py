@@ -234,7 +234,8 @@ def measure_search(translator: Translator, lines: list[str]) -> tuple[float, flo
     """`measure` for a translator whose search is another engine's."""
     ROWS.clear()
     start, cpu_start = time.perf_counter(), time.process_time()
-    found = translator.search([translator.encode(line, i + 1) for i, line in enumerate(lines)], None)
+    found = translator.search([translator.encode(line, i + 1) for i, line in enumerate(lines)],
+                              translator.cfg)
     outputs = [translator.decode(h[0].tokens) for h in found]
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     return seconds, cpu_seconds, sum(len(h[0].tokens) + 1 for h in found), outputs

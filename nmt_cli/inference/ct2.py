@@ -38,7 +38,8 @@ from nmt_cli.model.transformer import Transformer
 FORMAT = "nmt-ctranslate2/1"
 Warn = Callable[[str], None]
 # What `Translator` runs instead of nmt's search: source ids (each ending in EOS) -> each one's n-best
-Search = Callable[[Sequence[Sequence[int]], Callable[[int], None] | None], list[list[Hypothesis]]]
+Search = Callable[[Sequence[Sequence[int]], TranslateConfig, Callable[[int], None] | None],
+                  list[list[Hypothesis]]]
 MISSING = ("the ctranslate2 package is not installed: pip install 'nmt-cli[ctranslate2]' "
            "(or pip install ctranslate2)")
 
@@ -195,7 +196,7 @@ class Engine:
             warn("CTranslate2 searches as `--length-penalty fairseq --stop beam` do: it ranks hypotheses "
                  "with fairseq's length penalty |Y|^alpha and stops a sentence once `beam` hypotheses have "
                  "finished")
-        self.cfg, self.model = cfg, _Limits(positions)
+        self.model = _Limits(positions)
         # absent from folders exported before nmt carried it: those translate the raw text, as ever
         self.normalization = Normalization.from_record(settings.get("source_normalization"),
                                                        f"{folder}/nmt.json", "export the model again")
@@ -209,11 +210,13 @@ class Engine:
         self.engine = ct2.Translator(str(folder), device="cuda" if cuda else "cpu",
                                      intra_threads=cfg.threads if cuda else 1, inter_threads=self.workers)
 
-    def search(self, sources: Sequence[Sequence[int]],
+    def search(self, sources: Sequence[Sequence[int]], cfg: TranslateConfig,
                on_batch: Callable[[int], None] | None = None) -> list[list[Hypothesis]]:
+        """`cfg`: the search's settings (beam, n-best, length penalty, limits), the translator's: a
+        server searches with each request's (`serve.batcher`)."""
         if not sources:
             return []
-        cfg, symbols = self.cfg, self.dictionary.symbols
+        symbols = self.dictionary.symbols
         limits = [int(cfg.max_len_a * (len(s) - 1) + cfg.max_len_b) for s in sources]
         longest = min(max(limits), self.model.cfg.max_positions - 1) + 1  # with EOS
         # On several CPU threads, batches of SHARED_BATCH tokens, which CTranslate2 searches in

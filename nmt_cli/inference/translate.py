@@ -184,7 +184,7 @@ class Translator:
         if self.tree_symbols is not None:
             constraint = TreeConstraint.of(self.tree_symbols, [lines[i].split() for i in where])
         try:
-            found = (self.search(sources, on_batch) if self.search is not None
+            found = (self.search(sources, self.cfg, on_batch) if self.search is not None
                      else translate_ids(self.model, sources, self.cfg, on_batch, self.workers,
                                         replicas=self.replicas, constraint=constraint))
         except BrokenProcessPool:  # only worker processes (--compile) break this way
