@@ -30,6 +30,7 @@ from nmt_cli.config.data import BinarizeConfig, BpeConfig, PrepareConfig
 from nmt_cli.config.evaluation import AttentionConfig, PlotConfig, ScoreConfig
 from nmt_cli.config.inference import TranslateConfig
 from nmt_cli.config.options import command
+from nmt_cli.config.serve import ServeConfig
 from nmt_cli.config.train import AverageConfig, TrainConfig, resolve_train
 from nmt_cli.errors import NmtError, from_os_error
 
@@ -74,6 +75,10 @@ COMMANDS = {c.name: c for c in [
             "Average the weights of the last N checkpoints (the paper's final model)."),
     Command("translate", TranslateConfig, "inference.translate",
             "Translate raw text with beam search (file or stdin; output in input order).",
+            passive_threads=True),
+    Command("serve", ServeConfig, "serve.server",
+            "Serve models over HTTP: a LibreTranslate-compatible API, dynamic batching, a web page "
+            "(needs pip install 'nmt-cli\\[serve]').",
             passive_threads=True),
     Command("score", ScoreConfig, "evaluation.score",
             "Score a translation: sacreBLEU with signature, chrF, and the paper's tokenized BLEU "

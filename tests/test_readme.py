@@ -49,6 +49,10 @@ EXERCISED_ELSEWHERE = {
     "nmt export ctranslate2 model.pt --out model-ct2 "
     "--quantization int8": "test_ctranslate2.py::test_exported_model_translates_as_nmt",
     "nmt translate model-ct2 --input test.en": "test_ctranslate2.py::test_exported_model_translates_as_nmt",
+    # The server, on the pipeline test's Multi30k model (a real process, real HTTP clients).
+    "nmt serve en-de=model.pt --port 8000": "test_serve.py::test_libretranslate_request_shapes",
+    "curl -s 127.0.0.1:8000/translate -H 'Content-Type: application/json' -d '{\"q\": \"A dog runs.\", "
+    "\"source\": \"en\", \"target\": \"de\"}'": "test_serve.py::test_libretranslate_request_shapes",
     "bash recipes/wsj_parsing/run.sh --treebank /data/treebank_3/parsed/mrg/wsj "
     "--gpus 8": "test_parsing.py::test_recipe_smoke_runs_every_stage_on_a_tiny_treebank",
 }

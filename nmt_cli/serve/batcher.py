@@ -1,0 +1,195 @@
+"""Dynamic batching: the sentences of every request for one model in one bounded queue, searched in
+batches as `nmt translate` searches a file.
+
+Why: a beam-search step costs nearly the same for one sentence as for dozens (the batch's rows run
+through the same matrix products), so a server that searches each request alone, as LibreTranslate
+and OpenNMT-py's server do, gets a fraction of a batch job's throughput under load. Here one thread
+per model takes sentences from the queue: a batch is formed once it holds `max_batch_tokens` source
+tokens, padding included, or `max_wait` seconds after its oldest sentence, whichever comes first,
+and goes to `Translator.translate`, the code path of `nmt translate` (length-sorted into batches of
+`max_tokens`, `threads` of them searched at once on a CPU). A sentence's search does not depend on
+what it is batched with (padding is masked), so its translation is `nmt translate`'s.
+
+Bounded: at most `max_queue` sentences wait (`submit` refuses a request beyond that at once); a job
+that is cancelled (its client timed out or went away) has its waiting sentences dropped before they
+are searched.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from nmt_cli.inference.translate import Translator
+from nmt_cli.serve.metrics import Metrics
+
+Result = list[tuple[float, str]]  # a text's n-best (score, translation), best first
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The search settings a request may choose (lower than the server's limits): sentences are
+    batched only with sentences of the same settings."""
+
+    beam: int
+    nbest: int
+
+
+class QueueFull(Exception):
+    """The queue has no room for a request's sentences: refuse it now rather than let it wait."""
+
+
+class Draining(Exception):
+    """The server is shutting down: no new work."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One request's texts. `done(results)` is called once, from the batching thread, when every
+    text has its n-best (None: the search failed); never after `cancel`."""
+
+    texts: list[str]
+    settings: Settings
+    done: Callable[[list[Result] | None], None]
+    results: list[Result | None] = field(default_factory=list)
+    left: int = 0
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@dataclass
+class _Item:
+    job: Job
+    index: int
+    tokens: int  # source pieces with EOS: what the sentence costs in a batch
+    arrived: float
+
+
+class Batcher:
+    """The queue and batching thread of one model (see the module docstring)."""
+
+    def __init__(self, translator: Translator, max_batch_tokens: int, max_wait: float, max_queue: int,
+                 metrics: Metrics, pair: str) -> None:
+        self.translator, self.metrics, self.pair = translator, metrics, pair
+        self.max_batch_tokens, self.max_wait, self.max_queue = max_batch_tokens, max_wait, max_queue
+        self.pending: list[_Item] = []
+        self.lock = threading.Condition()
+        self.draining = False
+        self.views: dict[Settings, Translator] = {}  # the translator with each request's settings
+        self.thread = threading.Thread(target=self._loop, name=f"batcher-{pair}", daemon=True)
+        self.thread.start()
+
+    def submit(self, job: Job) -> None:
+        """Queue `job`'s texts (blank ones are answered at once, as `nmt translate` answers them: no
+        hypothesis); QueueFull when they do not fit, Draining after `drain`."""
+        job.results = [None] * len(job.texts)
+        now = time.monotonic()
+        items = []
+        for i, text in enumerate(job.texts):
+            if text.strip():
+                items.append(_Item(job, i, len(self.translator.encode(text, i + 1)), now))
+            else:
+                job.results[i] = []
+        job.left = len(items)
+        with self.lock:
+            if self.draining:
+                raise Draining()
+            if len(self.pending) + len(items) > self.max_queue:
+                raise QueueFull()
+            self.pending += items
+            self.metrics.queue_depth[self.pair] = len(self.pending)
+            self.lock.notify()
+        if not items:
+            job.done(job.results)  # type: ignore[arg-type]
+
+    def depth(self) -> int:
+        with self.lock:
+            return len(self.pending)
+
+    def drain(self) -> None:
+        """Take no new jobs and search what waits at once, without waiting for fuller batches."""
+        with self.lock:
+            self.draining = True
+            self.lock.notify()
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch:
+                self._search(batch)
+
+    def _next_batch(self) -> list[_Item]:
+        """Wait for a batch: full, or as old as `max_wait`, or anything while draining."""
+        with self.lock:
+            while True:
+                self._drop_cancelled()
+                if self.pending:
+                    wait = self.pending[0].arrived + self.max_wait - time.monotonic()
+                    full, size = self._fill()
+                    if full or wait <= 0 or self.draining:
+                        batch, self.pending = self.pending[:size], self.pending[size:]
+                        self.metrics.queue_depth[self.pair] = len(self.pending)
+                        return batch
+                    self.lock.wait(wait)
+                else:
+                    self.lock.wait()
+
+    def _fill(self) -> tuple[bool, int]:
+        """(whether the oldest waiting sentences fill a batch, how many of them go in it): in order of
+        arrival, as many as fit `max_batch_tokens` padded tokens (the longest times the count, as the
+        search pads them), at least one, all of one request's settings."""
+        first = self.pending[0].job.settings
+        longest, size = 0, 0
+        for item in self.pending:
+            if item.job.settings != first:
+                return True, size
+            longest = max(longest, item.tokens)
+            if size and longest * (size + 1) > self.max_batch_tokens:
+                return True, size
+            size += 1
+        return longest * size >= self.max_batch_tokens, size
+
+    def _drop_cancelled(self) -> None:
+        kept = [item for item in self.pending if not item.job.cancelled]
+        if len(kept) != len(self.pending):
+            self.metrics.count_sentences(self.pair, "dropped", len(self.pending) - len(kept))
+            self.pending = kept
+            self.metrics.queue_depth[self.pair] = len(kept)
+
+    def _search(self, batch: list[_Item]) -> None:
+        translator = self._view(batch[0].job.settings)
+        start = time.perf_counter()
+        try:
+            found = translator.translate([item.job.texts[item.index] for item in batch])
+        except Exception:  # a bug or out of memory: its requests fail (500), the server goes on
+            traceback.print_exc()
+            for job in {item.job for item in batch}:
+                if not job.cancelled:
+                    job.cancel()
+                    job.done(None)
+            self.metrics.count_sentences(self.pair, "failed", len(batch))
+            return
+        self.metrics.observe_batch(self.pair, len(batch), time.perf_counter() - start)
+        for item, result in zip(batch, found, strict=True):
+            job = item.job
+            job.results[item.index] = result
+            job.left -= 1
+            if job.left == 0 and not job.cancelled:
+                job.done(job.results)  # type: ignore[arg-type]
+        self.metrics.count_sentences(self.pair, "translated", len(batch))
+
+    def _view(self, settings: Settings) -> Translator:
+        """The translator searching with `settings`: the same loaded model, its config with the
+        request's beam and n-best (the translator reads both from its config)."""
+        if settings not in self.views:
+            view = copy.copy(self.translator)
+            view.cfg = dataclasses.replace(self.translator.cfg, beam=settings.beam, nbest=settings.nbest)
+            self.views[settings] = view
+        return self.views[settings]
