@@ -3,12 +3,15 @@ batches as `nmt translate` searches a file.
 
 Why: a beam-search step costs nearly the same for one sentence as for dozens (the batch's rows run
 through the same matrix products), so a server that searches each request alone, as LibreTranslate
-and OpenNMT-py's server do, gets a fraction of a batch job's throughput under load. Here one thread
-per model takes sentences from the queue: a batch is formed once it holds `max_batch_tokens` source
-tokens, padding included, or `max_wait` seconds after its oldest sentence, whichever comes first,
-and goes to `Translator.translate`, the code path of `nmt translate` (length-sorted into batches of
-`max_tokens`, `threads` of them searched at once on a CPU). A sentence's search does not depend on
-what it is batched with (padding is masked), so its translation is `nmt translate`'s.
+and OpenNMT-py's server do, gets a fraction of a batch job's throughput under load. Here a batch is
+formed once it holds `max_batch_tokens` source tokens, padding included, or `max_wait` seconds after
+its oldest sentence, whichever comes first, and goes to `Translator.translate`, the code path of
+`nmt translate`. On a CPU, `nmt translate` searches `threads` batches at once, one torch thread
+each; here so do `threads` search threads, each taking its own batch from the queue (an equal share
+of what waits when several are idle), so that while one searches, the clients it answered send
+their next sentences for another: the cores stay busy without every client waiting for the slowest
+sentence of one large batch. A sentence's search does not depend on what it is batched with
+(padding is masked), so its translation is `nmt translate`'s.
 
 Bounded: at most `max_queue` sentences wait (`submit` refuses a request beyond that at once); a job
 that is cancelled (its client timed out or went away) has its waiting sentences dropped before they
@@ -83,8 +86,10 @@ class Batcher:
         self.lock = threading.Condition()
         self.draining = False
         self.views: dict[Settings, Translator] = {}  # the translator with each request's settings
-        self.thread = threading.Thread(target=self._loop, name=f"batcher-{pair}", daemon=True)
-        self.thread.start()
+        # the batches `nmt translate` searches at once (on a CPU, `threads`), each by its own thread
+        self.searchers, self.idle = translator.workers, translator.workers
+        for i in range(self.searchers):
+            threading.Thread(target=self._loop, name=f"search-{pair}-{i}", daemon=True).start()
 
     def submit(self, job: Job) -> None:
         """Queue `job`'s texts (blank ones are answered at once, as `nmt translate` answers them: no
@@ -122,8 +127,12 @@ class Batcher:
     def _loop(self) -> None:
         while True:
             batch = self._next_batch()
-            if batch:
+            try:
                 self._search(batch)
+            finally:
+                with self.lock:
+                    self.idle += 1
+                    self.lock.notify_all()
 
     def _next_batch(self) -> list[_Item]:
         """Wait for a batch: full, or as old as `max_wait`, or anything while draining."""
@@ -132,24 +141,28 @@ class Batcher:
                 self._drop_cancelled()
                 if self.pending:
                     wait = self.pending[0].arrived + self.max_wait - time.monotonic()
-                    full, size = self._fill()
+                    full, size = self._fill(-(-len(self.pending) // self.idle))  # a share, rounded up
                     if full or wait <= 0 or self.draining:
                         batch, self.pending = self.pending[:size], self.pending[size:]
                         self.metrics.queue_depth[self.pair] = len(self.pending)
+                        self.idle -= 1
+                        self.lock.notify_all()  # another idle searcher may take what is left
                         return batch
                     self.lock.wait(wait)
                 else:
                     self.lock.wait()
 
-    def _fill(self) -> tuple[bool, int]:
+    def _fill(self, share: int) -> tuple[bool, int]:
         """(whether the oldest waiting sentences fill a batch, how many of them go in it): in order of
         arrival, as many as fit `max_batch_tokens` padded tokens (the longest times the count, as the
-        search pads them), at least one, all of one request's settings."""
+        search pads them), at least one, at most `share`, all of one request's settings."""
         first = self.pending[0].job.settings
         longest, size = 0, 0
         for item in self.pending:
             if item.job.settings != first:
                 return True, size
+            if size == share:  # the rest is another idle searcher's: full only if the share is
+                break
             longest = max(longest, item.tokens)
             if size and longest * (size + 1) > self.max_batch_tokens:
                 return True, size
@@ -188,8 +201,13 @@ class Batcher:
     def _view(self, settings: Settings) -> Translator:
         """The translator searching with `settings`: the same loaded model, its config with the
         request's beam and n-best (the translator reads both from its config)."""
+        with self.lock:
+            return self._view_locked(settings)
+
+    def _view_locked(self, settings: Settings) -> Translator:
         if settings not in self.views:
             view = copy.copy(self.translator)
             view.cfg = dataclasses.replace(self.translator.cfg, beam=settings.beam, nbest=settings.nbest)
+            view.workers = 1  # each search thread searches its own batch
             self.views[settings] = view
         return self.views[settings]
