@@ -17,9 +17,9 @@ with the folder's defaults (beam 4, |Y|^0.6, early stopping: the search of the "
 printed too) on `--threads` torch threads, with its share of lines identical to that row's. With
 `--compile`, also rows of the decoder step compiled as `nmt translate --compile` runs it (`--threads`
 worker processes, each with its own copy of the model compiled on one thread), timed after compiling;
-how long starting them and compiling took is printed below each such row. Times cover the search and sentencepiece
-encoding/decoding, not model loading; `cpu s` is the CPU time of all threads (well below seconds x
-threads when other processes share the cores; not shown for the worker processes). `rows/sent`: the
+how long starting them and compiling took is printed below each such row. Times cover the search and
+sentencepiece encoding/decoding, not model loading; `cpu s` is the CPU time of all threads (well below
+seconds x threads when other processes share the cores; not shown for the worker processes). `rows/sent`: the
 decoder rows the search computed (one per live hypothesis and step), per sentence, where they can be
 counted (nmt's incremental search in this process). Also prints sacreBLEU of each output, as a check of
 what the model is.
