@@ -352,8 +352,8 @@ def test_a_pytorch_model_bin_imports_as_the_safetensors(opus: dict[str, Path], t
 
 
 def test_export_then_import_translates_as_the_file(opus: dict[str, Path], tmp_path: Path) -> None:
-    nmt("export", "huggingface", opus["model"], "--out", tmp_path / "again")
-    nmt("import", "huggingface", tmp_path / "again", "--out", tmp_path / "again.pt")
+    export.run(HuggingfaceExportConfig(model=opus["model"], out=tmp_path / "again"))
+    importer.run(HuggingfaceImportConfig(folder=tmp_path / "again", out=tmp_path / "again.pt"))
     beam = ("--beam", 4)
     assert (_nmt_pieces(tmp_path / "again.pt", opus["src"], tmp_path / "again.txt", *beam)
             == _nmt_pieces(opus["model"], opus["src"], tmp_path / "first.txt", *beam))
@@ -369,7 +369,8 @@ def _validation_loss(model_path: Path, data: Path) -> float:
     from nmt_cli.training.step import micro_batch_loss
 
     model, _, _ = model_file.load_model(model_path)
-    split = corpus.load(TrainConfig(data=data, save_dir=data.parent / "unused")).valid
+    # the pairs the model's positions hold, as training keeps them
+    split = corpus.load(TrainConfig(data=data, save_dir=data.parent / "unused", model=model.cfg)).valid
     total, tokens = 0.0, 0
     with torch.no_grad():
         for ids in split.batches:
@@ -384,7 +385,8 @@ def _validation_loss(model_path: Path, data: Path) -> float:
 def test_fine_tuning_an_imported_model_lowers_its_validation_loss(opus: dict[str, Path], multi30k_raw: Path,
                                                                   tmp_path: Path) -> None:
     """As the README says: Multi30k split with the model's source.spm and target.spm, binarized with
-    its dictionary, `nmt train --init` for a few updates; its checkpoints keep the target.spm."""
+    its dictionary, `nmt train --init` for a few updates; its checkpoints, and their average, keep the
+    target.spm."""
     folder = opus["folder"]
     nmt("bpe", multi30k_raw, "--out", tmp_path / "bpe", "--model", folder / "source.spm",
         "--target-model", folder / "target.spm", "--workers", 2)
@@ -392,9 +394,12 @@ def test_fine_tuning_an_imported_model_lowers_its_validation_loss(opus: dict[str
     nmt("train", tmp_path / "bin", "--init", opus["model"], "--save-dir", tmp_path / "run", "--device", "cpu",
         "--precision", "fp32", "--max-update", 6, "--max-tokens", 2048, "--tokens-per-update", 2048,
         "--save-interval-minutes", 0, "--set", "optim.lr_schedule=inverse_sqrt", "--set", "optim.lr=1e-3",
-        "--set", "optim.warmup_updates=1", "--set", "threads=1", "--set", "valid.interval_updates=1000")
+        "--set", "optim.warmup_updates=1", "--set", "threads=1", "--set", "valid.interval_updates=1000",
+        "--save-interval-updates", 3)
+    nmt("average", tmp_path / "run", "--last", 2, "--out", tmp_path / "average.pt")
     last = tmp_path / "run" / "checkpoint_last.pt"
-    assert model_file.load(last)["target_spm_model"] == (folder / "target.spm").read_bytes()
+    for path in (last, tmp_path / "average.pt"):
+        assert model_file.load(path)["target_spm_model"] == (folder / "target.spm").read_bytes()
     before = _validation_loss(opus["model"], tmp_path / "bin")
     after = _validation_loss(last, tmp_path / "bin")
     print(f"validation loss per token: imported {before:.4f}, after 6 updates {after:.4f}")
