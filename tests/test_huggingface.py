@@ -181,6 +181,15 @@ def generate_pieces(model, tokenizer, lines: list[str], **options: object) -> li
     """The pieces `generate` gives each line, searched in batches of similar length, each batch with
     nmt's output-length limit (|X| + 50 pieces within the model's positions, then EOS) of its longest
     sentence; each output is then cut at its own sentence's limit, where nmt ends it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small batches: more threads only wait on each other on shared cores
+    try:
+        return _generate_pieces(model, tokenizer, lines, **options)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _generate_pieces(model, tokenizer, lines: list[str], **options: object) -> list[list[str]]:
     encoded = tokenizer(lines)["input_ids"]
     order = sorted(range(len(lines)), key=lambda i: len(encoded[i]))
     found: list[list[str]] = [[] for _ in lines]

@@ -178,6 +178,7 @@ def model_card(cfg: ModelConfig, dictionary: Dictionary, state: dict[str, Any],
     scores.update({k: train[k] for k in ("best_valid_loss", "best_valid_bleu") if train.get(k) is not None})
     recorded = "\n".join(f"- {k}: {v}" for k, v in scores.items()) or "- none recorded in the model file"
     norm = state.get("source_normalization")
+    trained = (train.get("config") or {}).get("data") or [a.get("file") for a in meta.get("averaged", [])]
     return f"""---
 {langs}library_name: transformers
 pipeline_tag: translation
@@ -197,7 +198,8 @@ exported by `nmt export huggingface {path.name}` as a MarianMT model.
 - vocabulary: {len(dictionary)} symbols, ids as in nmt (`<pad>` 0, `<s>` 1, `</s>` 2, `<unk>` 3);
   {'separate source and target sentencepiece models' if loaded.target_spm_model != loaded.spm_model
    else 'one sentencepiece model for both sides (source.spm = target.spm)'}
-- origin: {meta.get('imported_from') or 'trained with nmt'}
+- origin: {meta.get('imported_from') or 'trained with nmt'}; the training data folder or the
+  checkpoints averaged: {trained or 'not recorded'}
 
 ## Settings
 | setting | value |
