@@ -11,12 +11,15 @@ once on one torch thread each, as `nmt translate` does on the CPU. The uncached 
 With `--ctranslate2`, also rows of the model exported to CTranslate2, and a row of nmt's search run as
 CTranslate2's is (`--length-penalty fairseq --stop beam`, the default dtype), with its share of lines
 identical to CTranslate2 float32's, and (with `--stop bound`) a row of the same search with fairseq's
-stopping rule (`--stop beam`), with its share of lines identical to the default's. With `--compile`, also
-rows of the decoder step compiled as `nmt translate --compile` runs it (`--threads` worker processes,
-each with its own copy of the model compiled on one thread), timed after compiling; how long starting
-them and compiling took is printed below each such row. Times cover the search and sentencepiece
-encoding/decoding, not model loading; `cpu s` is the CPU time of all threads (well below seconds x
-threads when other processes share the cores; not shown for the worker processes). `rows/sent`: the
+stopping rule (`--stop beam`), with its share of lines identical to the default's. With `--transformers`,
+also a row of the model exported by `nmt export huggingface`, translated by transformers' `generate`
+with the folder's defaults (beam 4, |Y|^0.6, early stopping: the search of the "as CT2" row, which is
+printed too) on `--threads` torch threads, with its share of lines identical to that row's. With
+`--compile`, also rows of the decoder step compiled as `nmt translate --compile` runs it (`--threads`
+worker processes, each with its own copy of the model compiled on one thread), timed after compiling;
+how long starting them and compiling took is printed below each such row. Times cover the search and
+sentencepiece encoding/decoding, not model loading; `cpu s` is the CPU time of all threads (well below
+seconds x threads when other processes share the cores; not shown for the worker processes). `rows/sent`: the
 decoder rows the search computed (one per live hypothesis and step), per sentence, where they can be
 counted (nmt's incremental search in this process). Also prints sacreBLEU of each output, as a check of
 what the model is.
@@ -90,6 +93,11 @@ def main() -> None:
     parser.add_argument("--ctranslate2", action="store_true",
                         help="also rows of the model exported by `nmt export ctranslate2` (float32, int8, "
                              "bfloat16 where the CPU has it), translated by CTranslate2 on --threads threads")
+    parser.add_argument("--transformers", action="store_true",
+                        help="also a row of the model exported by `nmt export huggingface`, translated by "
+                             "transformers' generate (beam 4) on --threads threads")
+    parser.add_argument("--transformers-batch", type=int, default=64,
+                        help="sentences a generate call (sorted by length)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="instead of the table: torch's profile of beam 4 (first dtype) "
                              "on N sentences, one thread")
@@ -123,9 +131,9 @@ def main() -> None:
                           *measure(translator, subset, cached), refs)
             if args.compile and dtype_name != "int8":  # int8 runs eagerly
                 measure_compiled(translator, beam, dtype_name, lines, refs, args.threads)
-    if args.ctranslate2:
+    if args.ctranslate2 or args.transformers:
         default = "bf16" if auto_cpu_dtype(this_cpu(), model.cfg.d_model, 4) == torch.bfloat16 else "fp32"
-        # nmt's search as CTranslate2 runs it (fairseq's): the like-for-like row
+        # nmt's search as CTranslate2 and transformers run it (fairseq's): the like-for-like row
         cfg = TranslateConfig(model=args.model, beam=4, max_tokens=args.max_tokens, length_penalty="fairseq",
                               stop="beam")
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[default]
@@ -133,6 +141,14 @@ def main() -> None:
         measure(translator, lines[:20], cached=True)
         as_ct2 = measure(translator, lines, cached=True)
         print_row(4, default, "as CT2", lines, *as_ct2, refs)
+    if args.transformers:
+        hf_outputs = measure_transformers(args, lines, refs)
+        same = sum(a == b for a, b in zip(as_ct2[3], hf_outputs, strict=True)) / len(lines)
+        hf_rate, nmt_rate = BEAM4["transformers", "fp32"], BEAM4["as CT2", default]
+        print(f"transformers generate (the MarianMT export, beam 4, {args.threads} threads): {hf_rate:.1f} "
+              f"sent/s; nmt searching as it does (--length-penalty fairseq --stop beam, {default}): "
+              f"{nmt_rate:.1f} sent/s, {nmt_rate / hf_rate:.2f}x; {same:.1%} of the lines the same")
+    if args.ctranslate2:
         if args.stop == "bound":  # the same search but for its stopping rule: what `--stop beam` changes
             cfg = TranslateConfig(model=args.model, beam=4, max_tokens=args.max_tokens,
                                   beam_style=args.beam_style, stop="beam")
@@ -228,6 +244,52 @@ def measure_ctranslate2(args: argparse.Namespace, lines: list[str], refs: list[s
                 if (quantization, beam) == ("float32", 4):
                     float32_outputs = row[3]
     return float32_outputs
+
+
+def measure_transformers(args: argparse.Namespace, lines: list[str], refs: list[str]) -> list[str]:
+    """The row of the model exported by `nmt export huggingface`, searched by transformers' `generate`
+    with the folder's defaults (beam 4) on `--threads` torch threads, in batches of
+    `--transformers-batch` sentences of similar length, each with nmt's output-length limit (source
+    length + 50) of its longest; times cover tokenizing, the search and detokenizing, as above.
+    Returns its outputs."""
+    import tempfile
+
+    import transformers
+
+    from nmt_cli.config.convert import HuggingfaceExportConfig
+    from nmt_cli.inference import huggingface
+
+    with tempfile.TemporaryDirectory() as tmp:
+        huggingface.run(HuggingfaceExportConfig(model=args.model, out=Path(tmp) / "marian"))
+        model = transformers.MarianMTModel.from_pretrained(Path(tmp) / "marian").eval()
+        tokenizer = transformers.MarianTokenizer.from_pretrained(Path(tmp) / "marian")
+
+    def search(subset: list[str]) -> tuple[float, float, int, list[str]]:
+        start, cpu_start = time.perf_counter(), time.process_time()
+        encoded = tokenizer(subset)["input_ids"]
+        order = sorted(range(len(subset)), key=lambda i: len(encoded[i]))
+        outputs, tokens = [""] * len(subset), 0
+        for first in range(0, len(order), args.transformers_batch):
+            rows = order[first : first + args.transformers_batch]
+            batch = tokenizer.pad({"input_ids": [encoded[i] for i in rows]}, return_tensors="pt")
+            longest = max(len(encoded[i]) for i in rows) - 1 + 50
+            with torch.no_grad():
+                found = model.generate(**batch, max_new_tokens=longest + 1)
+            tokens += int((found[:, 1:] != model.config.pad_token_id).sum())
+            for i, text in zip(rows, tokenizer.batch_decode(found, skip_special_tokens=True), strict=True):
+                outputs[i] = text
+        return time.perf_counter() - start, time.process_time() - cpu_start, tokens, outputs
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        search(lines[:20])  # warm-up
+        row = search(lines)
+    finally:
+        torch.set_num_threads(threads)
+    ROWS.clear()
+    print_row(4, "fp32", "transformers", lines, *row, refs)
+    return row[3]
 
 
 def measure_search(translator: Translator, lines: list[str]) -> tuple[float, float, int, list[str]]:

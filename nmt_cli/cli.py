@@ -24,7 +24,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from nmt_cli import __version__
-from nmt_cli.config.convert import Ctranslate2ExportConfig, FairseqImportConfig
+from nmt_cli.config.convert import (
+    Ctranslate2ExportConfig,
+    FairseqImportConfig,
+    HuggingfaceExportConfig,
+    HuggingfaceImportConfig,
+)
 from nmt_cli.config.core import resolve
 from nmt_cli.config.data import BinarizeConfig, BpeConfig, PrepareConfig
 from nmt_cli.config.evaluation import AttentionConfig, PlotConfig, ScoreConfig
@@ -93,6 +98,12 @@ COMMANDS = {c.name: c for c in [
     Command("export ctranslate2", Ctranslate2ExportConfig, "inference.ct2",
             "Export a model to a CTranslate2 folder (needs the ctranslate2 package) that "
             "`nmt translate DIR` translates with."),
+    Command("import huggingface", HuggingfaceImportConfig, "model.huggingface",
+            "Convert a MarianMT folder (an OPUS-MT model from the Hugging Face Hub) into an nmt model file "
+            "that every stage accepts."),
+    Command("export huggingface", HuggingfaceExportConfig, "inference.huggingface",
+            "Export a model as a MarianMT folder (needs transformers and safetensors) that transformers "
+            "loads and the Hugging Face Hub takes."),
 ]}
 # The groups of `nmt GROUP NAME` commands: converters from and to other toolkits' formats.
 GROUPS = {"import": "Convert a model trained by another toolkit into an nmt model file.",

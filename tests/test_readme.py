@@ -23,6 +23,7 @@ from conftest import REPO, nmt
 pytestmark = pytest.mark.slow
 
 README = REPO / "README.md"
+HF_FINE_TUNING = "test_huggingface.py::test_fine_tuning_an_imported_model_lowers_its_validation_loss"
 # README commands that need GPUs, several machines or the WMT14 downloads, and the test that runs
 # their equivalent on the CPU.
 EXERCISED_ELSEWHERE = {
@@ -53,6 +54,15 @@ EXERCISED_ELSEWHERE = {
     "nmt serve en-de=model.pt --port 8000": "test_serve.py::test_libretranslate_request_shapes",
     "curl -s 127.0.0.1:8000/translate -H 'Content-Type: application/json' -d '{\"q\": \"A dog runs.\", "
     "\"source\": \"en\", \"target\": \"de\"}'": "test_serve.py::test_libretranslate_request_shapes",
+    # The Hugging Face block: the pipeline test's model exported, an OPUS-MT-style folder built in the test.
+    "nmt export huggingface model.pt "
+    "--out model-hf": "test_huggingface.py::test_the_folder_is_what_transformers_loads",
+    "nmt import huggingface opus-mt-en-de --out opus.pt "
+    "--dict-out opus-dict.txt": "test_huggingface.py::test_the_imported_file_is_an_nmt_model",
+    "nmt bpe runs/mine/raw --out runs/opus/bpe --model opus-mt-en-de/source.spm "
+    "--target-model opus-mt-en-de/target.spm": HF_FINE_TUNING,
+    "nmt binarize runs/opus/bpe --out runs/opus/bin --dictionary opus-dict.txt": HF_FINE_TUNING,
+    "nmt train runs/opus/bin --init opus.pt --save-dir runs/opus/finetuned": HF_FINE_TUNING,
     "bash recipes/wsj_parsing/run.sh --treebank /data/treebank_3/parsed/mrg/wsj "
     "--gpus 8": "test_parsing.py::test_recipe_smoke_runs_every_stage_on_a_tiny_treebank",
 }

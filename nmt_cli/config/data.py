@@ -74,6 +74,9 @@ class BpeConfig:
     vocab_size: int = opt(37000, "joint source+target sentencepiece vocabulary size (paper: 37000 en-de)",
                           flag="--vocab-size", at_least=1)
     model: Path | None = opt(None, "reuse this sentencepiece model instead of training one", flag="--model")
+    target_model: Path | None = opt(
+        None, "with --model: the target side's own sentencepiece model (an imported MarianMT model's "
+        "target.spm, for fine-tuning it); default: --model for both sides", flag="--target-model")
     sample_sentences: int = opt(4_000_000, "train sentencepiece on at most this many sentences (sampled)",
                                 flag="--sample-sentences", at_least=1)
     character_coverage: float = opt(

@@ -36,7 +36,7 @@ from nmt_cli.artifacts import (
     sha256_file,
 )
 from nmt_cli.config.data import BinarizeConfig
-from nmt_cli.data.bpe import sentencepiece_processor
+from nmt_cli.data.bpe import TARGET_SPM, sentencepiece_processor
 from nmt_cli.data.clean import Normalization
 from nmt_cli.data.dataset import UNK, Dictionary, IndexedWriter, read_sequential, token_dtype
 from nmt_cli.data.streaming import Block, WorkerPool, line_blocks, line_progress, worker_count
@@ -63,6 +63,10 @@ def run(cfg: BinarizeConfig) -> None:
                                "manifest_sha256": sha256_file(cfg.bpe / "manifest.json")}
         with atomic_writer(cfg.out / "spm.model") as f:
             f.write((cfg.bpe / "spm.model").read_bytes())
+        if (cfg.bpe / TARGET_SPM).is_file():  # the target side's own model goes on to `nmt train`
+            with atomic_writer(cfg.out / TARGET_SPM) as f:
+                f.write((cfg.bpe / TARGET_SPM).read_bytes())
+            stage.add_output(TARGET_SPM, checksum=True)
         splits: dict[str, dict[str, Any]] = {}
         if dictionary is None:
             dictionary, splits["train"] = _binarize_training_text(pool, cfg, (src, tgt), lines["train"])

@@ -2,7 +2,9 @@
 
 Reads a folder written by `nmt prepare` ({split}.{lang} text and its manifest) and writes
 ``spm.model``/``spm.vocab`` and ``{split}.{lang}`` as space-separated pieces, one line per input
-line (an empty line stays empty), so `nmt binarize` can build the joint dictionary.
+line (an empty line stays empty), so `nmt binarize` can build the joint dictionary. With `--model`
+and `--target-model` (an imported MarianMT model's source.spm and target.spm), each side is split
+with its own model and ``target_spm.model`` is written beside ``spm.model``.
 
 How the model is trained (the paper: "byte-pair encoding with a shared source-target vocabulary of
 about 37000 tokens"):
@@ -49,6 +51,7 @@ from nmt_cli.data.streaming import Block, WorkerPool, cpu_cores, line_blocks, li
 from nmt_cli.errors import NmtError
 
 MAX_TRAIN_SENTENCE_BYTES = 4192
+TARGET_SPM = "target_spm.model"  # the target side's own model (`--target-model`), in bpe and bin folders
 PREPARE_COMMAND = "nmt prepare ... --out RAW"
 
 
@@ -61,6 +64,7 @@ def run(cfg: BpeConfig) -> None:
                                               f"run `{PREPARE_COMMAND}` again")
     _check_settings(cfg)
     reused = load_model(cfg.model) if cfg.model is not None else None
+    target = load_model(cfg.target_model) if cfg.target_model is not None else None
     with StageOutput(cfg.out, "bpe", cfg) as stage:
         stage.inputs["raw"] = {"folder": str(cfg.raw.resolve()),
                                "manifest_sha256": sha256_file(cfg.raw / "manifest.json")}
@@ -73,9 +77,17 @@ def run(cfg: BpeConfig) -> None:
             model, training = train_model(cfg, train_files, 2 * lines["train"], symbols)
         with atomic_writer(cfg.out / "spm.model") as f:
             f.write(model)
+        models = [cfg.out / "spm.model"] * 2
+        if target is not None:  # the target side's own model: written beside, for binarize and train
+            stage.inputs["target_model"] = {"path": str(cfg.target_model.resolve()),
+                                            "sha256": sha256_file(cfg.target_model)}
+            with atomic_writer(cfg.out / TARGET_SPM) as f:
+                f.write(target)
+            stage.add_output(TARGET_SPM, checksum=True)
+            models[1] = cfg.out / TARGET_SPM
         processor = spm.SentencePieceProcessor(model_proto=model)
         write_vocab(processor, cfg.out / "spm.vocab")
-        pieces = encode_corpus(cfg, cfg.out / "spm.model", lines, (src, tgt), normalization)
+        pieces = encode_corpus(cfg, models, lines, (src, tgt), normalization)
         stage.add_output("spm.model", checksum=True)
         stage.add_output("spm.vocab")
         for split in lines:
@@ -94,6 +106,9 @@ def _check_settings(cfg: BpeConfig) -> None:
         raise NmtError(f"character_coverage must be between 0.98 and 1.0, not {cfg.character_coverage}")
     if cfg.sample_sentences <= 0:
         raise NmtError(f"sample_sentences must be positive, not {cfg.sample_sentences}")
+    if cfg.target_model is not None and cfg.model is None:
+        raise NmtError("--target-model needs --model (the source side's model): both come from a model's "
+                       "folder, such as an imported MarianMT model's source.spm and target.spm")
     if cfg.vocab_size <= 0:
         raise NmtError(f"--vocab-size must be positive, not {cfg.vocab_size}")
     worker_count(cfg.workers)
@@ -249,13 +264,14 @@ def _encode_block(task: tuple[str, Block, Normalization | None]) -> tuple[int, i
     return len(lines), sum(map(len, pieces)), text.encode()
 
 
-def encode_corpus(cfg: BpeConfig, model: Path, lines: dict[str, int], langs: tuple[str, str],
+def encode_corpus(cfg: BpeConfig, models: list[Path], lines: dict[str, int], langs: tuple[str, str],
                   normalization: Normalization | None = None) -> dict[str, dict[str, int]]:
-    """Write OUT/{split}.{lang} for every split and language; returns {split: {lang: pieces}}. The
+    """Write OUT/{split}.{lang} for every split and language, each language with its model of `models`
+    (source, target: one model twice unless `--target-model`); returns {split: {lang: pieces}}. The
     source side of every split but train (which `nmt prepare` normalised) gets `normalization`, as
     `nmt translate` gives it to its input: validation BLEU then sees what translation will."""
     pieces: dict[str, dict[str, int]] = {}
-    model_path = str(model.resolve())
+    model_paths = dict(zip(langs, (str(m.resolve()) for m in models), strict=True))
     with WorkerPool(cfg.workers) as pool, line_progress("bpe", "encode", 2 * sum(lines.values())) as progress:
         for split, expected in lines.items():
             pieces[split] = {}
@@ -264,7 +280,7 @@ def encode_corpus(cfg: BpeConfig, model: Path, lines: dict[str, int], langs: tup
                 done, count = 0, 0
                 with atomic_writer(cfg.out / f"{split}.{lang}") as out:
                     todo = normalization if lang == langs[0] and split != "train" else None
-                    tasks = ((model_path, block, todo) for block in line_blocks(source))
+                    tasks = ((model_paths[lang], block, todo) for block in line_blocks(source))
                     for n_lines, n_pieces, text in pool.map(_encode_block, tasks):
                         out.write(text)
                         done, count = done + n_lines, count + n_pieces

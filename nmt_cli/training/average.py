@@ -87,7 +87,8 @@ def _check_compatible(first: dict[str, Any], first_path: Path, other: dict[str, 
     if other["dictionary"]["symbols"] != first["dictionary"]["symbols"]:
         raise NmtError(f"{first_path} and {path} have different dictionaries; "
                        "only checkpoints of one training run can be averaged")
-    if bytes(other["spm_model"]) != bytes(first["spm_model"]):
+    if (bytes(other["spm_model"]), model_file.target_spm_of(other)) != (bytes(first["spm_model"]),
+                                                                        first["target_spm"]):
         raise NmtError(f"{first_path} and {path} have different sentencepiece models; "
                        "only checkpoints of one training run can be averaged")
 
@@ -114,7 +115,9 @@ def run(cfg: AverageConfig) -> None:
             if not first:  # keep what describes the model, not the weights or training state
                 model_file.model_config_of(state, path)
                 first.update({k: state[k] for k in ("model_config", "dictionary", "spm_model")}, path=path,
-                             source_normalization=state.get("source_normalization"))
+                             source_normalization=state.get("source_normalization"),
+                             target_spm=model_file.target_spm_of(state),
+                             langs={k: state.get("meta", {}).get(k) for k in ("src_lang", "tgt_lang")})
                 first["shapes"] = {k: v.shape for k, v in state["model"].items()}
             else:
                 _check_compatible(first, first["path"], state, path)
@@ -126,10 +129,14 @@ def run(cfg: AverageConfig) -> None:
             yield state.pop("model")
 
     weights = average_states(states())
-    meta = {"averaged": averaged, "updates": [a["update"] for a in averaged],
+    meta = {**{k: v for k, v in first["langs"].items() if v is not None},  # for a model card
+            "averaged": averaged, "updates": [a["update"] for a in averaged],
             "update": max((a["update"] for a in averaged if a["update"] is not None), default=None)}
     model_file.save(out, {"kind": "model", "meta": meta, "model": weights,
                           "model_config": first["model_config"], "dictionary": first["dictionary"],
                           "spm_model": bytes(first["spm_model"]),
-                          "source_normalization": first["source_normalization"]})
+                          "source_normalization": first["source_normalization"],
+                          # the target side's own model, where the checkpoints have one
+                          **({} if first["target_spm"] == bytes(first["spm_model"])
+                             else {"target_spm_model": first["target_spm"]})})
     print(f"average: wrote the mean of {len(paths)} checkpoints to {out}", file=sys.stderr)

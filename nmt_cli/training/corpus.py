@@ -29,7 +29,7 @@ import numpy as np
 
 from nmt_cli.artifacts import manifest_languages, read_manifest
 from nmt_cli.config.train import BatchConfig, TrainConfig
-from nmt_cli.data.bpe import sentencepiece_processor
+from nmt_cli.data.bpe import TARGET_SPM, sentencepiece_processor
 from nmt_cli.data.clean import Normalization
 from nmt_cli.data.dataset import Dictionary, IndexedDataset, batch_by_size, epoch_order, filter_by_size
 from nmt_cli.errors import NmtError
@@ -82,6 +82,12 @@ class Corpus:
     valid: Split
     plan: UpdatePlan
     source_normalization: dict[str, Any] | None = None  # the record `nmt prepare` wrote; None: not said
+    target_spm_model: bytes | None = None  # the target side's own model (`nmt bpe --target-model`)
+
+    @property
+    def target_spm(self) -> bytes:
+        """The sentencepiece model of the target side: its own, or the one of both sides."""
+        return self.spm_model if self.target_spm_model is None else self.target_spm_model
 
 
 def load(cfg: TrainConfig, world_size: int = 1) -> Corpus:
@@ -100,6 +106,10 @@ def load(cfg: TrainConfig, world_size: int = 1) -> Corpus:
         raise NmtError(f"{spm_path} is missing; run `nmt binarize` again (it copies the sentencepiece model)")
     spm_model = spm_path.read_bytes()  # checked now: every checkpoint carries it, for `nmt translate`
     sentencepiece_processor(spm_model, str(spm_path), f"run `{redo}` again")
+    target_path = folder / TARGET_SPM
+    target_spm = target_path.read_bytes() if target_path.is_file() else None
+    if target_spm is not None:
+        sentencepiece_processor(target_spm, str(target_path), f"run `{redo}` again")
     splits = {}
     for split in ("train", "valid"):
         src, tgt = (IndexedDataset(folder / f"{split}.{src_lang}"),
@@ -116,7 +126,7 @@ def load(cfg: TrainConfig, world_size: int = 1) -> Corpus:
     Normalization.from_record(normalization, f"{folder}/manifest.json", f"run `{redo}` again")
     train, plan = plan_train(splits["train"], cfg.batch, cfg.model.max_positions, world_size)
     return Corpus(folder, src_lang, tgt_lang, dictionary, spm_model, train, splits["valid"], plan,
-                  normalization)
+                  normalization, target_spm)
 
 
 def _check_ids(data: IndexedDataset, dict_size: int, path: Path) -> None:

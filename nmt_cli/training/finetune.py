@@ -2,8 +2,10 @@
 imported fairseq model included, instead of a random initialisation.
 
 The model file's own model settings replace `model.*` (its weights fit nothing else), and the data
-must have been binarized with the file's dictionary and sentencepiece model, since every embedding row
-belongs to one symbol. A run that resumes from its own checkpoints never reads the file again.
+must have been binarized with the file's dictionary and sentencepiece model (and its target side's
+own model, an imported MarianMT model's), since every embedding row belongs to one symbol; the run's
+checkpoints carry the data's models, so they are the file's. A run that resumes from its own
+checkpoints never reads the file again.
 """
 
 from __future__ import annotations
@@ -43,4 +45,7 @@ def load_init_weights(model: torch.nn.Module, cfg: TrainConfig, data: Corpus) ->
                        f"({len(data.dictionary)} symbols; they differ from id {first}): {fix}")
     if bytes(state["spm_model"]) != data.spm_model:
         raise NmtError(f"{path}'s sentencepiece model is not the one of {data.folder}: {fix}")
+    if model_file.target_spm_of(state) != data.target_spm:  # an imported MarianMT model's target.spm
+        raise NmtError(f"{path}'s target sentencepiece model is not the one of {data.folder}: split the "
+                       "text with the model's own two (`nmt bpe --model SOURCE --target-model TARGET`)")
     load_weights(model, state["model"], str(path))

@@ -50,6 +50,8 @@ def training_checkpoint(step: Step, c: Counters, data: Corpus, rng: list[dict[st
     return {
         "kind": "checkpoint",
         **model_description(cfg.model, data.dictionary, data.spm_model, data.source_normalization),
+        # the target side's own model, where the data has one (`nmt translate` decodes with it)
+        **({} if data.target_spm_model is None else {"target_spm_model": data.target_spm_model}),
         "model": {k: v.detach() for k, v in step.model.state_dict().items()},
         "meta": {"nmt_version": __version__, "arch": cfg.arch,
                  "src_lang": data.src_lang, "tgt_lang": data.tgt_lang,

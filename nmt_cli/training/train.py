@@ -406,7 +406,7 @@ def validation_bleu(model: Transformer, data: corpus.Corpus, cfg: TrainConfig,
     mine = ids[ctx.rank :: ctx.world_size]
     search = TranslateConfig(model=None, beam=cfg.valid.bleu_beam, nbest=1)
     found = translate_ids(model, [[*split.src[i].tolist(), EOS] for i in mine], search)
-    sp = spm.SentencePieceProcessor(model_proto=data.spm_model)
+    sp = spm.SentencePieceProcessor(model_proto=data.target_spm)  # hypotheses and references: the target
     text = {i: sp.decode(dictionary.decode(h[0].tokens)) for i, h in zip(mine, found, strict=True)}
     for share in distributed.all_gather(text, ctx):
         text.update(share)
