@@ -121,7 +121,7 @@ def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP named, not 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on sockets
     # that say they are TCP, and the connections accepted here inherit it; with Nagle on, a response
-    # written in two parts waits for the client's delayed ACK, 40 ms a request
+    # written in two parts waits for the client's delayed ACK on every request
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:

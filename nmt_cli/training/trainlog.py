@@ -157,13 +157,14 @@ class Interval:
         if totals is None:
             self.values["skipped"] += 1
             return
-        for key, value in zip(("loss", "nll", "tgt", "src", "sentences"), totals, strict=True):
+        sums = dict(zip(("loss", "nll", "tgt", "src", "sentences"), totals, strict=True))
+        for key, value in sums.items():
             self.values[key] += value
         self.values["gnorm"] += gnorm
         self.values["updates"] += 1
-        self.clock_tgt += totals[2]
-        self.clock_flops += self.flops_of(totals[3], totals[2], totals[4])
-        self.last_loss, self.last_lr = per_token(totals[0], int(totals[2])), lr
+        self.clock_tgt += sums["tgt"]
+        self.clock_flops += self.flops_of(sums["src"], sums["tgt"], sums["sentences"])
+        self.last_loss, self.last_lr = per_token(sums["loss"], int(sums["tgt"])), lr
 
     @property
     def updates(self) -> int:
