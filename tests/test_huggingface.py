@@ -208,7 +208,10 @@ def _generate_pieces(model, tokenizer, lines: list[str], **options: object) -> l
 
 
 def _nmt_pieces(model: Path, source: Path, out: Path, *options: object) -> list[list[str]]:
-    nmt("translate", model, "--input", source, "--output", out, "--output-format", "pieces", *options)
+    """`nmt translate`'s pieces in fp32, as transformers computes: `--dtype auto` is bf16 on a CPU with
+    native bf16, and a beam search in bf16 ranks near-equal hypotheses otherwise."""
+    nmt("translate", model, "--input", source, "--output", out, "--output-format", "pieces", "--dtype", "fp32",
+        *options)
     return [line.split() for line in out.read_text(encoding="utf-8").splitlines()]
 
 
