@@ -8,15 +8,16 @@ translate` runs) and without any cache (every step re-runs the full model over t
 the slow reference), measured in the same run, both with `--threads` batches searched at
 once on one torch thread each, as `nmt translate` does on the CPU. The uncached search is timed on the first
 `--reference-sentences` sentences only (it is quadratic); its rates are per sentence all the same.
-With `--ctranslate2`, also rows of the model exported to CTranslate2, and a row of nmt's search run as
-CTranslate2's is (`--length-penalty fairseq --stop beam`, the default dtype), with its share of lines
-identical to CTranslate2 float32's, and (with `--stop bound`) a row of the same search with fairseq's
-stopping rule (`--stop beam`), with its share of lines identical to the default's. With `--transformers`,
-also a row of the model exported by `nmt export huggingface`, translated by transformers' `generate`
-with the folder's defaults (beam 4, |Y|^0.6, early stopping: the search of the "as CT2" row, which is
-printed too) on `--threads` torch threads, with its share of lines identical to that row's. With
-`--compile`, also rows of the decoder step compiled as `nmt translate --compile` runs it (`--threads`
-worker processes, each with its own copy of the model compiled on one thread), timed after compiling;
+With `--ctranslate2`, also rows of the model exported to CTranslate2, and rows of nmt's search run as
+CTranslate2's is (`--length-penalty fairseq --stop beam`, in the default dtype and, where that is bf16,
+in fp32), each with its share of lines identical to CTranslate2 float32's, and (with `--stop bound`) a
+row of the same search with fairseq's stopping rule (`--stop beam`), with its share of lines identical to
+the default's. With `--transformers`, also a row of the model exported by `nmt export huggingface`,
+translated by transformers' `generate` with the folder's defaults (beam 4, |Y|^0.6, early stopping: the
+search of the "as CT2" rows) on `--threads` torch threads, with its share of lines identical to the
+fp32 "as CT2" row's. With `--compile`, also rows of the decoder step compiled as `nmt translate
+--compile` runs it (`--threads` worker processes, each with its own copy of the model compiled on one
+thread), timed after compiling;
 how long starting them and compiling took is printed below each such row. Times cover the search and
 sentencepiece encoding/decoding, not model loading; `cpu s` is the CPU time of all threads (well below
 seconds x threads when other processes share the cores; not shown for the worker processes). `rows/sent`: the
@@ -136,17 +137,22 @@ def main() -> None:
         # nmt's search as CTranslate2 and transformers run it (fairseq's): the like-for-like row
         cfg = TranslateConfig(model=args.model, beam=4, max_tokens=args.max_tokens, length_penalty="fairseq",
                               stop="beam")
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[default]
-        translator = Translator(model.to(dtype), dictionary, sp, cfg, lambda _: None, workers=args.threads)
-        measure(translator, lines[:20], cached=True)
-        as_ct2 = measure(translator, lines, cached=True)
-        print_row(4, default, "as CT2", lines, *as_ct2, refs)
+        as_ct2 = {}
+        # in the default dtype, and in fp32 as CTranslate2 and transformers compute where that is bf16
+        for name in dict.fromkeys([default, "fp32"]):
+            dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
+            translator = Translator(model.to(dtype), dictionary, sp, cfg, lambda _: None,
+                                    workers=args.threads)
+            measure(translator, lines[:20], cached=True)
+            as_ct2[name] = measure(translator, lines, cached=True)
+            print_row(4, name, "as CT2", lines, *as_ct2[name], refs)
+        model.to({"fp32": torch.float32, "bf16": torch.bfloat16}[default])
     if args.transformers:
         hf_outputs = measure_transformers(args, lines, refs)
-        same = sum(a == b for a, b in zip(as_ct2[3], hf_outputs, strict=True)) / len(lines)
-        hf_rate, nmt_rate = BEAM4["transformers", "fp32"], BEAM4["as CT2", default]
+        same = sum(a == b for a, b in zip(as_ct2["fp32"][3], hf_outputs, strict=True)) / len(lines)
+        hf_rate, nmt_rate = BEAM4["transformers", "fp32"], BEAM4["as CT2", "fp32"]
         print(f"transformers generate (the MarianMT export, beam 4, {args.threads} threads): {hf_rate:.1f} "
-              f"sent/s; nmt searching as it does (--length-penalty fairseq --stop beam, {default}): "
+              f"sent/s; nmt searching as it does (--length-penalty fairseq --stop beam, fp32): "
               f"{nmt_rate:.1f} sent/s, {nmt_rate / hf_rate:.2f}x; {same:.1%} of the lines the same")
     if args.ctranslate2:
         if args.stop == "bound":  # the same search but for its stopping rule: what `--stop beam` changes
@@ -162,10 +168,11 @@ def main() -> None:
             print(f"nmt translate's default here (--dtype auto: {default}; --beam-style {args.beam_style}, "
                   f"--stop {args.stop}), beam 4: {nmt_rate:.1f} sent/s, {nmt_rate / ct2_rate:.2f}x "
                   f"CTranslate2 float32's {ct2_rate:.1f}")
-            same = sum(a == b for a, b in zip(as_ct2[3], ct2_outputs, strict=True)) / len(lines)
-            print(f"nmt as CTranslate2 searches (--length-penalty fairseq --stop beam), beam 4: "
-                  f"{BEAM4['as CT2', default]:.1f} sent/s, {BEAM4['as CT2', default] / ct2_rate:.2f}x; "
-                  f"{same:.1%} of its lines the same as CTranslate2 float32's")
+            for name, (*_, outputs) in as_ct2.items():
+                same = sum(a == b for a, b in zip(outputs, ct2_outputs, strict=True)) / len(lines)
+                print(f"nmt as CTranslate2 searches (--length-penalty fairseq --stop beam), beam 4, {name}: "
+                      f"{BEAM4['as CT2', name]:.1f} sent/s, {BEAM4['as CT2', name] / ct2_rate:.2f}x; "
+                      f"{same:.1%} of its lines the same as CTranslate2 float32's")
             if args.stop == "bound":
                 same = sum(a == b for a, b in zip(stop_beam[3], OUTPUTS[default], strict=True)) / len(lines)
                 print(f"the same search with --stop beam, beam 4: {BEAM4['stop beam', default]:.1f} sent/s, "
@@ -264,6 +271,8 @@ def measure_transformers(args: argparse.Namespace, lines: list[str], refs: list[
         model = transformers.MarianMTModel.from_pretrained(Path(tmp) / "marian").eval()
         tokenizer = transformers.MarianTokenizer.from_pretrained(Path(tmp) / "marian")
 
+    eos = model.config.eos_token_id
+
     def search(subset: list[str]) -> tuple[float, float, int, list[str]]:
         start, cpu_start = time.perf_counter(), time.process_time()
         encoded = tokenizer(subset)["input_ids"]
@@ -275,7 +284,8 @@ def measure_transformers(args: argparse.Namespace, lines: list[str], refs: list[
             longest = max(len(encoded[i]) for i in rows) - 1 + 50
             with torch.no_grad():
                 found = model.generate(**batch, max_new_tokens=longest + 1)
-            tokens += int((found[:, 1:] != model.config.pad_token_id).sum())
+            # the pieces up to each output's first EOS (generate pads the finished ones)
+            tokens += sum(row.index(eos) if eos in row else len(row) for row in found[:, 1:].tolist())
             for i, text in zip(rows, tokenizer.batch_decode(found, skip_special_tokens=True), strict=True):
                 outputs[i] = text
         return time.perf_counter() - start, time.process_time() - cpu_start, tokens, outputs

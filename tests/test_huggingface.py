@@ -210,8 +210,8 @@ def _generate_pieces(model, tokenizer, lines: list[str], **options: object) -> l
 def _nmt_pieces(model: Path, source: Path, out: Path, *options: object) -> list[list[str]]:
     """`nmt translate`'s pieces in fp32, as transformers computes: `--dtype auto` is bf16 on a CPU with
     native bf16, and a beam search in bf16 ranks near-equal hypotheses otherwise."""
-    nmt("translate", model, "--input", source, "--output", out, "--output-format", "pieces", "--dtype", "fp32",
-        *options)
+    nmt("translate", model, "--input", source, "--output", out, "--output-format", "pieces",
+        "--dtype", "fp32", *options)
     return [line.split() for line in out.read_text(encoding="utf-8").splitlines()]
 
 
@@ -230,6 +230,20 @@ def test_greedy_generate_is_nmt_translate_beam_1(marian, test_lines: list[str], 
     same = _same_share(ours, theirs)
     print(f"greedy: identical on {same:.1%} of {len(ours)} lines")
     assert same >= 0.99
+
+
+def test_decoded_with_skip_special_tokens_the_text_is_nmts(marian, test_lines: list[str]) -> None:
+    """The model card's usage: batch_decode(..., skip_special_tokens=True) drops the decoder's first
+    token (<s>) as it drops EOS and padding, and gives the text of the pieces."""
+    model, tokenizer = marian
+    batch = tokenizer(test_lines[:8], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        found = model.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=40)
+    texts = tokenizer.batch_decode(found, skip_special_tokens=True)
+    pieces = [[p for p in tokenizer.convert_ids_to_tokens(row[1:]) if p not in ("</s>", "<pad>")]
+              for row in found.tolist()]
+    assert texts == ["".join(p).replace("\u2581", " ").strip() for p in pieces]
+    assert not any("<s>" in text for text in texts)
 
 
 @pytest.mark.slow

@@ -161,7 +161,9 @@ def write_folder(transformers: Any, save_file: Any, folder: Path, loaded: model_
         str(folder / "source.spm"), str(folder / "target.spm"), str(folder / "vocab.json"),
         source_lang=meta.get("src_lang"), target_lang=meta.get("tgt_lang"),
         unk_token=dictionary.symbols[UNK], eos_token=dictionary.symbols[EOS],
-        pad_token=dictionary.symbols[PAD], model_max_length=model.cfg.max_positions)
+        pad_token=dictionary.symbols[PAD], model_max_length=model.cfg.max_positions,
+        # special, so that decoding with skip_special_tokens drops the decoder's first token
+        bos_token=dictionary.symbols[BOS])
     tokenizer.save_pretrained(folder)
     card = model_card(model.cfg, dictionary, state, loaded, path)
     (folder / "README.md").write_text(card, encoding="utf-8")
