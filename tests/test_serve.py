@@ -29,8 +29,10 @@ from conftest import assert_user_error, nmt
 
 KEY = "test-key-1"
 # What the server may hold in memory: the model (8 MB) twice (the search's and the attention view's),
-# torch's and Python's own ~350 MB, the queue (at most 100 sentences here) and its batches.
-RSS_LIMIT_BYTES = 1 << 30
+# torch's and Python's own ~350 MB, the queue (at most 100 sentences here) and its batches, and on a
+# CPU with AMX the bf16 kernels and the freed memory the search keeps for reuse (keep_freed_memory): an
+# idle server held 1.4 GB there, under 1 GiB on AVX2 CPUs. The growth under load is the tighter bound.
+RSS_LIMIT_BYTES = 2 << 30
 RSS_GROWTH_LIMIT_BYTES = 200 << 20  # over the whole load test
 
 
@@ -193,10 +195,10 @@ def test_unknown_routes_and_methods_answer_json(server) -> None:
 def test_64_clients_every_request_answered_once_right_or_refused_with_retry_after(server, lines) -> None:
     """64 clients, 5 requests of 4 sentences each (up to 256 sentences for a queue of 100): each
     request gets exactly one answer, 200 with `nmt translate`'s translations or 503 with Retry-After;
-    the server searches exactly the accepted sentences; memory stays within RSS_LIMIT_BYTES."""
+    the server searches exactly the accepted sentences; memory stays within RSS_LIMIT_BYTES, and a
+    second such load grows it by less than RSS_GROWTH_LIMIT_BYTES."""
     source, reference = lines
-    before_rss, peak = server.rss_bytes(), [0]
-    translated_before = server.metric("nmt_sentences_total", pair="en-de", outcome="translated")
+    peak = [0]
     stop = threading.Event()
 
     def watch() -> None:
@@ -215,22 +217,28 @@ def test_64_clients_every_request_answered_once_right_or_refused_with_retry_afte
             out.append((status, first))
         return out
 
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    start = time.monotonic()
-    try:
-        with concurrent.futures.ThreadPoolExecutor(64) as pool:
-            answers = [a for found in pool.map(client, range(64)) for a in found]
-    finally:
-        stop.set()
-        watcher.join()
-    assert time.monotonic() - start < 300
-    assert len(answers) == 320
-    accepted = sum(status == 200 for status, _ in answers)
-    assert accepted > 0 and any(status == 503 for status, _ in answers)
-    translated = server.metric("nmt_sentences_total", pair="en-de", outcome="translated") - translated_before
-    assert translated == 4 * accepted  # none lost, none searched twice, none of a refused request
-    assert peak[0] < RSS_LIMIT_BYTES and peak[0] - before_rss < RSS_GROWTH_LIMIT_BYTES, (before_rss, peak)
+    for load in range(2):  # the first fills the allocator's pools; the second would show a leak
+        before_rss, peak[0] = server.rss_bytes(), 0
+        translated_before = server.metric("nmt_sentences_total", pair="en-de", outcome="translated")
+        stop.clear()
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        start = time.monotonic()
+        try:
+            with concurrent.futures.ThreadPoolExecutor(64) as pool:
+                answers = [a for found in pool.map(client, range(64)) for a in found]
+        finally:
+            stop.set()
+            watcher.join()
+        assert time.monotonic() - start < 300
+        assert len(answers) == 320
+        accepted = sum(status == 200 for status, _ in answers)
+        assert accepted > 0 and any(status == 503 for status, _ in answers)
+        translated = (server.metric("nmt_sentences_total", pair="en-de", outcome="translated")
+                      - translated_before)
+        assert translated == 4 * accepted  # none lost, none searched twice, none of a refused request
+        assert peak[0] < RSS_LIMIT_BYTES, (load, peak)
+    assert peak[0] - before_rss < RSS_GROWTH_LIMIT_BYTES, (before_rss, peak)  # the second load's growth
 
 
 def test_api_keys(slow_server) -> None:
