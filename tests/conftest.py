@@ -223,6 +223,19 @@ def multi30k_run(multi30k_bin: Path) -> dict[str, Path]:
             "scores": work / "scores.json"}
 
 
+@pytest.fixture(scope="session")
+def multi30k_fp32_hyp(multi30k_run: dict[str, Path]) -> Path:
+    """`nmt translate --dtype fp32` of Multi30k's test set: the reference of the servers, which run in
+    fp32 because only there is a line's translation independent of its batch (in bf16 the matrix
+    products round with the number of rows: `nmt translate` itself then changes a near-tie when its
+    batches change)."""
+    hyp = multi30k_run["hyp"].with_name("test.fp32.hyp.de")
+    if not hyp.exists():
+        nmt("translate", multi30k_run["model"], "--dtype", "fp32", "--input", multi30k_run["raw"] / "test.en",
+            "--output", hyp)
+    return hyp
+
+
 # ---------------------------------------------------------------------------------------------
 # Model files for the inference tests (average, translate, search): small models made in-process in
 # seconds, for properties of the search that need a model emitting EOS sensibly. The real `nmt train`

@@ -4,7 +4,9 @@ Two servers per session of this module, each started once: `server` (the limits 
 tests can reach them: at most 100 sentences queued, 50 texts a request) and `slow_server` (API
 keys; a batch waits 4 s for more sentences, a request 0.5 s for its answer, so time-outs and
 disconnects happen while sentences wait). Both serve the pipeline test's Multi30k model
-(conftest's `multi30k_run`), whose `nmt translate` output of test_2016_flickr is the reference.
+(conftest's `multi30k_run`) in fp32, whose `nmt translate --dtype fp32` output of test_2016_flickr
+is the reference: in fp32 a line's translation does not depend on its batch; in bf16 it can
+(`multi30k_fp32_hyp`), which `--dtype auto` picks on a CPU with native bf16.
 The last test drains `slow_server` with SIGTERM.
 """
 
@@ -44,10 +46,10 @@ def model(multi30k_run: dict[str, Path]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def lines(multi30k_run: dict[str, Path]) -> tuple[list[str], list[str]]:
-    """(test_2016_flickr's source lines, `nmt translate`'s translation of each)."""
+def lines(multi30k_run: dict[str, Path], multi30k_fp32_hyp: Path) -> tuple[list[str], list[str]]:
+    """(test_2016_flickr's source lines, `nmt translate --dtype fp32`'s translation of each)."""
     source = (multi30k_run["raw"] / "test.en").read_text(encoding="utf-8").splitlines()
-    reference = multi30k_run["hyp"].read_text(encoding="utf-8").splitlines()
+    reference = multi30k_fp32_hyp.read_text(encoding="utf-8").splitlines()
     assert len(source) == len(reference) == 1000
     return source, reference
 
@@ -55,8 +57,8 @@ def lines(multi30k_run: dict[str, Path]) -> tuple[list[str], list[str]]:
 @pytest.fixture(scope="module")
 def server(model: Path, tmp_path_factory: pytest.TempPathFactory):
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    running = Server([f"en-de={model}", "--max-queue", 100, "--max-texts", 50, "--max-chars", 1000,
-                      "--max-body-bytes", 100_000], log)
+    running = Server([f"en-de={model}", "--dtype", "fp32", "--max-queue", 100, "--max-texts", 50,
+                      "--max-chars", 1000, "--max-body-bytes", 100_000], log)
     yield running
     running.stop()
     assert "Traceback" not in log.read_text(), log.read_text()
@@ -66,8 +68,9 @@ def server(model: Path, tmp_path_factory: pytest.TempPathFactory):
 def slow_server(model: Path, tmp_path_factory: pytest.TempPathFactory):
     folder = tmp_path_factory.mktemp("serve_slow")
     (folder / "keys.txt").write_text(f"{KEY}\nsecond-key\n")
-    running = Server([f"en-de={model}", "--api-keys", folder / "keys.txt", "--max-wait-ms", 4000,
-                      "--max-batch-tokens", 1_000_000, "--timeout", 0.5, "--drain-seconds", 60],
+    running = Server([f"en-de={model}", "--dtype", "fp32", "--api-keys", folder / "keys.txt",
+                      "--max-wait-ms", 4000, "--max-batch-tokens", 1_000_000, "--timeout", 0.5,
+                      "--drain-seconds", 60],
                      folder / "server.log")
     yield running
     running.stop()
@@ -299,8 +302,8 @@ def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0(model, l
     """32 requests of 16 sentences wait in the queue (a batch waits 120 s); SIGTERM: they are searched at
     once and answered 200 with `nmt translate`'s translations, a new request gets 503, exit status 0."""
     source, reference = lines
-    server = Server([f"en-de={model}", "--max-wait-ms", 120_000, "--max-batch-tokens", 1_000_000,
-                     "--drain-seconds", 60], tmp_path / "server.log")
+    server = Server([f"en-de={model}", "--dtype", "fp32", "--max-wait-ms", 120_000,
+                     "--max-batch-tokens", 1_000_000, "--drain-seconds", 60], tmp_path / "server.log")
     try:
         def ask(i: int) -> tuple[int, dict]:
             status, _, body = server.post("/v1/translate", {"text": source[i * 16:(i + 1) * 16],

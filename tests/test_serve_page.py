@@ -23,7 +23,9 @@ PHONE = (390, 844)  # CSS pixels of a phone-sized window
 def page_server(multi30k_run: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
     if (why := serve_extra_missing()) is not None:
         pytest.skip(why)
-    running = Server([f"en-de={multi30k_run['model']}"], tmp_path_factory.mktemp("page") / "server.log")
+    # fp32, as the reference (conftest's multi30k_fp32_hyp): a sentence alone is translated as in a file
+    running = Server([f"en-de={multi30k_run['model']}", "--dtype", "fp32"],
+                     tmp_path_factory.mktemp("page") / "server.log")
     yield running
     running.stop()
 
@@ -50,9 +52,11 @@ def browser():
     driver.quit()
 
 
-def source_and_reference(multi30k_run: dict[str, Path], i: int) -> tuple[str, str]:
-    source = (multi30k_run["raw"] / "test.en").read_text(encoding="utf-8").splitlines()[i]
-    return source, multi30k_run["hyp"].read_text(encoding="utf-8").splitlines()[i]
+@pytest.fixture(scope="module")
+def lines(multi30k_run: dict[str, Path], multi30k_fp32_hyp: Path) -> list[tuple[str, str]]:
+    """Each test_2016_flickr line with `nmt translate --dtype fp32`'s translation of it."""
+    source = (multi30k_run["raw"] / "test.en").read_text(encoding="utf-8").splitlines()
+    return list(zip(source, multi30k_fp32_hyp.read_text(encoding="utf-8").splitlines(), strict=True))
 
 
 def alpha(colour: str) -> float:
@@ -69,15 +73,14 @@ def open_page(browser, server: Server) -> None:
     WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#pair option"))
 
 
-def test_the_page_translates_as_nmt_translate_by_button_and_keyboard(page_server, browser,
-                                                                      multi30k_run) -> None:
+def test_the_page_translates_as_nmt_translate_by_button_and_keyboard(page_server, browser, lines) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
     open_page(browser, page_server)
     assert browser.find_element(By.ID, "pair").get_attribute("value") == "en-de"
-    sentence, reference = source_and_reference(multi30k_run, 0)
+    sentence, reference = lines[0]
     box = browser.find_element(By.ID, "source")
     box.send_keys(sentence)
     browser.find_element(By.ID, "translate").click()
@@ -85,7 +88,7 @@ def test_the_page_translates_as_nmt_translate_by_button_and_keyboard(page_server
     assert browser.find_element(By.ID, "result").text == reference
     assert "ms" in browser.find_element(By.ID, "time").text
     # keyboard only: Ctrl+Enter in the text box translates; the alternatives list has what was asked
-    sentence, reference = source_and_reference(multi30k_run, 1)
+    sentence, reference = lines[1]
     nbest = browser.find_element(By.ID, "nbest")
     nbest.clear()
     nbest.send_keys("3")
@@ -98,13 +101,13 @@ def test_the_page_translates_as_nmt_translate_by_button_and_keyboard(page_server
     assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
 
 
-def test_the_attention_view_draws_the_cross_attention_of_the_translation(page_server, browser, multi30k_run,
+def test_the_attention_view_draws_the_cross_attention_of_the_translation(page_server, browser, lines,
                                                                          tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     open_page(browser, page_server)
-    sentence, reference = source_and_reference(multi30k_run, 2)
+    sentence, reference = lines[2]
     browser.find_element(By.ID, "show-attention").click()
     browser.find_element(By.ID, "source").send_keys(sentence)
     browser.find_element(By.ID, "translate").click()

@@ -11,7 +11,9 @@ each; here so do `threads` search threads, each taking its own batch from the qu
 of what waits when several are idle), so that while one searches, the clients it answered send
 their next sentences for another: the cores stay busy without every client waiting for the slowest
 sentence of one large batch. A sentence's search does not depend on what it is batched with
-(padding is masked), so its translation is `nmt translate`'s.
+(padding is masked), so its translation is `nmt translate`'s: exactly in fp32 and int8; in bf16 the
+matrix products round with the number of rows, so a near-tie may go otherwise, as in `nmt translate`
+itself when its batches change (README.md, "Serving").
 
 Bounded: at most `max_queue` sentences wait (`submit` refuses a request beyond that at once); a job
 that is cancelled (its client timed out or went away) has its waiting sentences dropped before they
