@@ -178,3 +178,27 @@ def test_search_with_the_attention_kernel_finds_what_torch_finds(kernel,
     assert [[h.tokens for h in n] for n in with_kernel] == [[h.tokens for h in n] for n in with_torch]
     scores = [[h.score for h in n] for n in with_kernel], [[h.score for h in n] for n in with_torch]
     torch.testing.assert_close(torch.tensor(scores[0]), torch.tensor(scores[1]), atol=1e-4, rtol=1e-5)
+
+
+def test_int8_kernels_equal_torchs_quantizing_and_scaling(kernel) -> None:
+    from nmt_cli.model import int8
+
+    torch.manual_seed(5)
+    x = torch.randn(7, 96) * 4
+    x[2] = 0  # a row of zeros stays zeros
+    x[3, :10] = torch.tensor([127.0, 63.5, -0.5, 0.5, 1.5, -1.5, 2.5, 62.5, -63.5, 0.0])  # ties: to even
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(native, "library", lambda: None)
+        q_torch, s_torch = int8.quantize_rows(x)
+    q, s = int8.quantize_rows(x)
+    assert q.dtype == torch.int8 and torch.equal(q, q_torch) and torch.equal(s, s_torch)
+    assert q[3, :10].tolist() == [127, 64, 0, 0, 2, -2, 2, 62, -64, 0]
+    layer = int8.Int8Linear(torch.randn(40, 96), torch.randn(40))
+    for rows in (slice(None), slice(8, None)):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(native, "library", lambda: None)
+            expected = layer(x, rows)
+        assert torch.allclose(layer(x, rows), expected, rtol=1e-6, atol=1e-5)
+    without_bias = int8.Int8Linear(torch.randn(40, 96), None)
+    acc = torch._int_mm(q, without_bias.qweight.t())
+    assert torch.allclose(without_bias(x), acc.float() * without_bias.scale * s, rtol=1e-6, atol=1e-5)

@@ -17,12 +17,16 @@ import torch
 from torch import Tensor, nn
 
 from nmt_cli.errors import NmtError
+from nmt_cli.model import native
 from nmt_cli.model.transformer import Attention, FeedForward, Transformer
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """x (N, K) float -> (int8 (N, K), float32 scales (N, 1)): each row scaled so that its largest
-    magnitude is 127, rounded to the nearest integer (a row of zeros stays zeros)."""
+    magnitude is 127, rounded to the nearest integer (a row of zeros stays zeros). By the C kernel
+    where it is there (the same values in one pass), else in torch."""
+    if (found := native.quantize_rows(x)) is not None:
+        return found
     x = x.float()
     scale = x.abs().amax(dim=-1, keepdim=True).clamp_min_(torch.finfo(torch.float32).tiny).div_(127)
     return (x / scale).round_().to(torch.int8), scale  # |x / scale| <= 127 by the scale's choice
@@ -45,8 +49,12 @@ class Int8Linear(nn.Module):
         if flat.shape[0] == 0:
             return x.new_zeros(*x.shape[:-1], qweight.shape[0])
         qx, x_scale = quantize_rows(flat)
-        y = torch._int_mm(qx, qweight.t()).float().mul_(scale)
-        y = y.mul_(x_scale) if self.bias is None else torch.addcmul(self.bias[rows], y, x_scale)
+        acc = torch._int_mm(qx, qweight.t())
+        bias = None if self.bias is None else self.bias[rows]
+        y = native.int8_scale(acc, scale, x_scale, bias)
+        if y is None:
+            y = acc.float().mul_(scale)
+            y = y.mul_(x_scale) if bias is None else torch.addcmul(bias, y, x_scale)
         return y.view(*x.shape[:-1], qweight.shape[0])
 
     def dequantized(self) -> Tensor:

@@ -1,4 +1,4 @@
-/* Two kernels of translation on a CPU.
+/* Kernels of translation on a CPU.
  *
  * nmt_best_tokens: the search's choice of each decoder row's best next tokens (beams.best_tokens) in one call: for
  * every row of logits, its log-sum-exp, its k largest logits other than PAD and BOS (best first;
@@ -12,6 +12,9 @@
  * nmt_cached_attention: incremental decoding's attention of one step over the cached keys and values
  * (kernels.cached_attention), one pass over each head's cache, where torch runs two batched products of
  * tiny matrices (and in bf16 sets up a new oneDNN primitive for every new cache length).
+ *
+ * nmt_quantize_rows, nmt_int8_scale: the elementwise work on either side of an int8 matrix product
+ * (int8.py), one pass each where torch runs several operations.
  *
  * Compiled by native.py with the machine's own instructions (-march=native); the loops are written
  * for the compiler to vectorize (OpenMP simd reductions, an exp it can inline).
@@ -208,4 +211,42 @@ int nmt_cached_attention(const void *q, const void *k, const void *v, const uint
     /* two copies, each with its element type fixed, for the compiler to vectorize */
     return bf16 ? cached_attention(q, k, v, allowed, G, H, T, L, K, Kv, scale, out, 1)
                 : cached_attention(q, k, v, allowed, G, H, T, L, K, Kv, scale, out, 0);
+}
+
+/* nmt_quantize_rows: int8 translation's input side (int8.quantize_rows) in one pass over each row of
+ * x (N, K) float32: its scale, max(max |x|, FLT_MIN) / 127, into scale[n], and x / scale rounded to the
+ * nearest integer, ties to even (as torch rounds), into q (N, K) int8. torch takes six operations and
+ * two temporaries for it. The values are torch's exactly: the same division, the same rounding. */
+void nmt_quantize_rows(const float *x, int64_t N, int64_t K, int8_t *q, float *scale) {
+    for (int64_t n = 0; n < N; n++) {
+        const float *row = x + n * K;
+        float most = 0.0f;
+#pragma omp simd reduction(max : most)
+        for (int64_t i = 0; i < K; i++) most = fabsf(row[i]) > most ? fabsf(row[i]) : most;
+        float s = (most > 1.17549435e-38f ? most : 1.17549435e-38f) / 127.0f;
+        scale[n] = s;
+#pragma omp simd
+        for (int64_t i = 0; i < K; i++) {
+            float r = rintf(row[i] / s); /* |r| <= 127 by the scale's choice; clamped against NaN */
+            q[n * K + i] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+        }
+    }
+}
+
+/* nmt_int8_scale: int8 translation's output side: out (N, M) float32 = acc (N, M), the exact int32
+ * products, times each output channel's weight scale wscale (M,) and each row's input scale
+ * xscale (N,), plus bias (M,) if not NULL; one pass where torch makes a float copy and scales it twice. */
+void nmt_int8_scale(const int32_t *acc, int64_t N, int64_t M, const float *wscale, const float *xscale,
+                    const float *bias, float *out) {
+    for (int64_t n = 0; n < N; n++) {
+        const int32_t *a = acc + n * M;
+        float *o = out + n * M, xs = xscale[n];
+        if (bias) {
+#pragma omp simd
+            for (int64_t m = 0; m < M; m++) o[m] = bias[m] + (float)a[m] * wscale[m] * xs;
+        } else {
+#pragma omp simd
+            for (int64_t m = 0; m < M; m++) o[m] = (float)a[m] * wscale[m] * xs;
+        }
+    }
 }

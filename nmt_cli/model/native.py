@@ -1,5 +1,6 @@
-"""Translation's C kernels (`native.c`): the search's choice of each row's best tokens, and incremental
-decoding's attention over bf16 caches; compiled for this machine on first use, loaded with ctypes.
+"""Translation's C kernels (`native.c`): the search's choice of each row's best tokens, incremental
+decoding's attention over bf16 caches, and the quantizing and scaling around int8 matrix products;
+compiled for this machine on first use, loaded with ctypes.
 
 It is built by the system's C compiler ($CC, else cc or gcc) with the machine's own instructions
 (-march=native) into `$XDG_CACHE_HOME/nmt` (default ~/.cache/nmt), once: the file's name holds a
@@ -78,6 +79,11 @@ def library() -> ctypes.CDLL | None:
     lib.nmt_cached_attention.restype = ctypes.c_int
     lib.nmt_cached_attention.argtypes = [*[ctypes.c_void_p] * 4, ctypes.c_int, *[ctypes.c_int64] * 6,
                                          ctypes.c_float, ctypes.c_void_p]
+    lib.nmt_quantize_rows.restype = None
+    lib.nmt_quantize_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                      ctypes.c_void_p]
+    lib.nmt_int8_scale.restype = None
+    lib.nmt_int8_scale.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 4]
     return lib
 
 
@@ -126,3 +132,31 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Te
                                 K**-0.5, out.data_ptr()) != 0:
         raise MemoryError("the attention kernel could not allocate its buffers")
     return out.transpose(1, 2)
+
+
+def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor] | None:
+    """`int8.quantize_rows` of float32 CPU rows x (N, K) by the kernel: the same int8 values (N, K) and
+    scales (N, 1); None where the kernel is not there or does not take x."""
+    lib = library()
+    if lib is None or x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 2:
+        return None
+    x = x.contiguous()
+    N, K = x.shape
+    q, scale = torch.empty(N, K, dtype=torch.int8), torch.empty(N, 1)
+    lib.nmt_quantize_rows(x.data_ptr(), N, K, q.data_ptr(), scale.data_ptr())
+    return q, scale
+
+
+def int8_scale(acc: Tensor, wscale: Tensor, xscale: Tensor, bias: Tensor | None) -> Tensor | None:
+    """acc (N, M) int32 * wscale (M,) * xscale (N, 1) (+ bias (M,)) as float32 (N, M) by the kernel;
+    None where it is not there or does not take these tensors."""
+    lib = library()
+    if lib is None or acc.device.type != "cpu" or acc.dtype != torch.int32:
+        return None
+    acc, wscale, xscale = acc.contiguous(), wscale.float().contiguous(), xscale.float().contiguous()
+    N, M = acc.shape
+    bias = None if bias is None else bias.float().contiguous()
+    out = torch.empty(N, M)
+    lib.nmt_int8_scale(acc.data_ptr(), N, M, wscale.data_ptr(), xscale.data_ptr(),
+                       None if bias is None else bias.data_ptr(), out.data_ptr())
+    return out
