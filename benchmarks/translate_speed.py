@@ -158,7 +158,7 @@ def main() -> None:
         if args.stop == "bound":  # the same search but for its stopping rule: what `--stop beam` changes
             cfg = TranslateConfig(model=args.model, beam=4, max_tokens=args.max_tokens,
                                   beam_style=args.beam_style, stop="beam")
-            translator = Translator(model.to(dtype), dictionary, sp, cfg, lambda _: None,
+            translator = Translator(model, dictionary, sp, cfg, lambda _: None,  # in `default`, as above
                                     workers=args.threads)
             stop_beam = measure(translator, lines, cached=True)
             print_row(4, default, "stop beam", lines, *stop_beam, refs)
@@ -319,9 +319,11 @@ def profile(model: torch.nn.Module, dictionary, sp: spm.SentencePieceProcessor, 
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtypes.split(",")[0]]
+    name = args.dtypes.split(",")[0]
+    searched = (int8.quantize(model.float()) if name == "int8"
+                else model.to({"fp32": torch.float32, "bf16": torch.bfloat16}[name]))
     cfg = TranslateConfig(model=args.model, beam=4, max_tokens=args.max_tokens)
-    translator = Translator(model.to(dtype), dictionary, sp, cfg, lambda _: None, workers=1)
+    translator = Translator(searched, dictionary, sp, cfg, lambda _: None, workers=1)
     measure(translator, lines[:20], cached=True)  # warm-up
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
         measure(translator, lines, cached=True)
