@@ -41,7 +41,7 @@ from nmt_cli.inference.replicas import Replicas, describe
 from nmt_cli.inference.search import compile_decoder, cpu_workers, translate_ids
 from nmt_cli.inference.trees import TreeConstraint, TreeSymbols, as_tree_line
 from nmt_cli.model import file as model_file
-from nmt_cli.model import int8, native
+from nmt_cli.model import int8, kernels, native
 from nmt_cli.model.cpu import (
     Cpu,
     keep_freed_memory,
@@ -114,6 +114,13 @@ class Translator:
     def close(self) -> None:
         if self.replicas is not None:
             self.replicas.close()
+
+    def keeping_packed_weights(self) -> contextlib.AbstractContextManager[None]:
+        """For a thread that translates with this translator for as long as it runs (a server's search
+        thread): inside it, the weights' packed forms (`kernels.packed_weights`) are made once, not
+        once a batch, which a server's small batches would pay again and again. Only for a model that
+        no longer changes: a translator's never does."""
+        return kernels.packed_weights()
 
     def encode(self, text: str, number: int) -> list[int]:
         """Source ids with EOS, truncated (with a warning) to the model's max_positions."""

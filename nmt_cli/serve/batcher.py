@@ -127,14 +127,15 @@ class Batcher:
             self.lock.notify()
 
     def _loop(self) -> None:
-        while True:
-            batch = self._next_batch()
-            try:
-                self._search(batch)
-            finally:
-                with self.lock:
-                    self.idle += 1
-                    self.lock.notify_all()
+        with self.translator.keeping_packed_weights():
+            while True:
+                batch = self._next_batch()
+                try:
+                    self._search(batch)
+                finally:
+                    with self.lock:
+                        self.idle += 1
+                        self.lock.notify_all()
 
     def _next_batch(self) -> list[_Item]:
         """Wait for a batch: full, or as old as `max_wait`, or anything while draining."""
