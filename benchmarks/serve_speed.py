@@ -10,6 +10,8 @@ last one is answered, to a real `nmt serve` process on a loopback port. Rows:
   this process before any server starts): the batch job's throughput, the target at 64 clients.
 - `nmt translate, one line`: each of the first `--single` lines translated alone: the latency of one
   sentence, the target of the 1-client p50.
+- `translate, N a batch`: the translator on one thread, the lines shuffled and N at a time: a search
+  thread's rate with the batches N one-sentence clients can give it (`--batches`).
 - `serve, batched`: the server as it starts by default (dynamic batching).
 - `serve, unbatched`: the same server with `--max-batch-tokens 1` (each sentence searched alone,
   as LibreTranslate and OpenNMT-py's server search).
@@ -24,6 +26,7 @@ import argparse
 import http.client
 import json
 import os
+import random
 import re
 import signal
 import statistics
@@ -62,6 +65,26 @@ def translate_rows(model: Path, lines: list[str], threads: int,
     finally:
         translator.close()
     return [hyps[0][1] if hyps else "" for hyps in found], seconds, alone
+
+
+def batch_rows(model: Path, lines: list[str], sizes: list[int]) -> list[tuple[int, float]]:
+    """(N, sentences/s) of `nmt translate`'s translator on one thread, the lines shuffled (as requests
+    arrive) and translated N at a time: what one search thread of the server could do with batches
+    of N, the bound of `clients` one-sentence clients."""
+    translator = load_translator(TranslateConfig(model=(model,), threads=1), lambda message: None)
+    shuffled = lines[:]
+    random.Random(0).shuffle(shuffled)
+    found = []
+    try:
+        translator.translate(lines[:20])
+        for size in sizes:
+            start = time.perf_counter()
+            for i in range(0, len(shuffled), size):
+                translator.translate(shuffled[i:i + size])
+            found.append((size, len(shuffled) / (time.perf_counter() - start)))
+    finally:
+        translator.close()
+    return found
 
 
 class Serve:
@@ -135,6 +158,8 @@ def main() -> None:
     parser.add_argument("--clients", default="1,8,64")
     parser.add_argument("--unbatched-clients", default="64", help="client counts of the unbatched server")
     parser.add_argument("--single", type=int, default=200, help="lines translated alone (latency of one)")
+    parser.add_argument("--batches", default="32,64",
+                        help="`nmt translate` on one thread, the lines shuffled, in batches of these sizes")
     args = parser.parse_args()
     lines = args.source.read_text(encoding="utf-8").splitlines()[: args.sentences]
     print(describe())
@@ -148,11 +173,17 @@ def main() -> None:
     print(f"{'nmt translate, one line':<24} {'-':>7} {len(alone) / sum(alone):8.1f} "
           f"{quantile(alone, 0.5) * 1000:8.1f} {quantile(alone, 0.99) * 1000:8.1f} "
           f"{len(alone) / sum(alone) / file_rate:7.2f} {'-':>6}")
+    for size, rate in batch_rows(args.model, lines, [int(n) for n in args.batches.split(",") if n]):
+        name = f"translate, {size} a batch"  # on 1 thread
+        print(f"{name:<24} {'-':>7} {rate:8.1f} {'-':>8} {'-':>8} {rate / file_rate:7.2f} {'-':>6}")
     runs = [("serve, batched", [], args.clients), ("serve, unbatched", ["--max-batch-tokens", "1"],
                                                    args.unbatched_clients)]
     for name, extra, clients in runs:
+        counts = [int(n) for n in clients.split(",") if n]  # none: that server is not started
+        if not counts:
+            continue
         with Serve(args.model, args.threads, extra) as server:
-            for count in map(int, clients.split(",")):
+            for count in counts:
                 seconds, latency, out = load(server, lines, count)
                 same = sum(a == b for a, b in zip(out, reference, strict=True)) / len(lines)
                 rate = len(lines) / seconds
