@@ -3,6 +3,7 @@ cannot be built the search runs torch's path and says why."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from pathlib import Path
@@ -199,6 +200,13 @@ def test_int8_kernels_equal_torchs_quantizing_and_scaling(kernel) -> None:
             patch.setattr(native, "library", lambda: None)
             expected = layer(x, rows)
         assert torch.allclose(layer(x, rows), expected, rtol=1e-6, atol=1e-5)
+    fused = copy.deepcopy(layer)  # the feed-forward's first layer: its relu applied as it scales
+    fused.relu = True
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(native, "library", lambda: None)
+        expected = fused(x)
+    assert torch.equal(fused(x), layer(x).clamp_min(0))
+    assert torch.allclose(fused(x), expected, rtol=1e-6, atol=1e-5) and bool((expected >= 0).all())
     without_bias = int8.Int8Linear(torch.randn(40, 96), None)
     acc = torch._int_mm(q, without_bias.qweight.t())
     assert torch.allclose(without_bias(x), acc.float() * without_bias.scale * s, rtol=1e-6, atol=1e-5)

@@ -36,8 +36,9 @@ class Int8Linear(nn.Module):
     """x W^T + b with W quantized per output row; `rows` selects a block of W's rows (the queries of
     W^Q, W^K, W^V stacked), exactly as slicing the float weight would."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+    def __init__(self, weight: Tensor, bias: Tensor | None, relu: bool = False) -> None:
         super().__init__()
+        self.relu = relu  # max(0, .) of the output too: the feed-forward's first layer (`quantize`)
         qweight, scale = quantize_rows(weight.detach())
         self.register_buffer("qweight", qweight)  # (N, K) int8
         self.register_buffer("scale", scale[:, 0])  # (N,) float32
@@ -51,10 +52,11 @@ class Int8Linear(nn.Module):
         qx, x_scale = quantize_rows(flat)
         acc = torch._int_mm(qx, qweight.t())
         bias = None if self.bias is None else self.bias[rows]
-        y = native.int8_scale(acc, scale, x_scale, bias)
+        y = native.int8_scale(acc, scale, x_scale, bias, self.relu)
         if y is None:
             y = acc.float().mul_(scale)
             y = y.mul_(x_scale) if bias is None else torch.addcmul(bias, y, x_scale)
+            y = y.clamp_min_(0) if self.relu else y
         return y.view(*x.shape[:-1], qweight.shape[0])
 
     def dequantized(self) -> Tensor:
@@ -85,7 +87,9 @@ def quantize(model: Transformer) -> Transformer:
             module.in_proj = Int8Linear(module.in_proj.weight, module.in_proj.bias)
             module.out_proj = Int8Linear(module.out_proj.weight, module.out_proj.bias)
         elif isinstance(module, FeedForward):
-            module.fc1 = Int8Linear(module.fc1.weight, module.fc1.bias)
+            fused = module.activation == "relu"  # applied by fc1 as it scales its output: one pass fewer
+            module.fc1 = Int8Linear(module.fc1.weight, module.fc1.bias, relu=fused)
             module.fc2 = Int8Linear(module.fc2.weight, module.fc2.bias)
+            module.activation = None if fused else module.activation
     model.int8_output = Int8Linear(model.output_weight()[: model.output_vocab], None)
     return model

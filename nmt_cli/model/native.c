@@ -235,9 +235,10 @@ void nmt_quantize_rows(const float *x, int64_t N, int64_t K, int8_t *q, float *s
 
 /* nmt_int8_scale: int8 translation's output side: out (N, M) float32 = acc (N, M), the exact int32
  * products, times each output channel's weight scale wscale (M,) and each row's input scale
- * xscale (N,), plus bias (M,) if not NULL; one pass where torch makes a float copy and scales it twice. */
+ * xscale (N,), plus bias (M,) if not NULL, then max(0, .) if relu (the feed-forward's first layer);
+ * one pass where torch makes a float copy, scales it twice and applies the relu. */
 void nmt_int8_scale(const int32_t *acc, int64_t N, int64_t M, const float *wscale, const float *xscale,
-                    const float *bias, float *out) {
+                    const float *bias, int relu, float *out) {
     for (int64_t n = 0; n < N; n++) {
         const int32_t *a = acc + n * M;
         float *o = out + n * M, xs = xscale[n];
@@ -247,6 +248,10 @@ void nmt_int8_scale(const int32_t *acc, int64_t N, int64_t M, const float *wscal
         } else {
 #pragma omp simd
             for (int64_t m = 0; m < M; m++) o[m] = (float)a[m] * wscale[m] * xs;
+        }
+        if (relu) {
+#pragma omp simd
+            for (int64_t m = 0; m < M; m++) o[m] = o[m] > 0.0f ? o[m] : 0.0f;
         }
     }
 }

@@ -83,7 +83,8 @@ def library() -> ctypes.CDLL | None:
     lib.nmt_quantize_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                       ctypes.c_void_p]
     lib.nmt_int8_scale.restype = None
-    lib.nmt_int8_scale.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 4]
+    lib.nmt_int8_scale.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 3,
+                                   ctypes.c_int, ctypes.c_void_p]
     return lib
 
 
@@ -147,9 +148,10 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor] | None:
     return q, scale
 
 
-def int8_scale(acc: Tensor, wscale: Tensor, xscale: Tensor, bias: Tensor | None) -> Tensor | None:
-    """acc (N, M) int32 * wscale (M,) * xscale (N, 1) (+ bias (M,)) as float32 (N, M) by the kernel;
-    None where it is not there or does not take these tensors."""
+def int8_scale(acc: Tensor, wscale: Tensor, xscale: Tensor, bias: Tensor | None,
+               relu: bool = False) -> Tensor | None:
+    """acc (N, M) int32 * wscale (M,) * xscale (N, 1) (+ bias (M,)), then max(0, .) if `relu`, as
+    float32 (N, M) by the kernel; None where it is not there or does not take these tensors."""
     lib = library()
     if lib is None or acc.device.type != "cpu" or acc.dtype != torch.int32:
         return None
@@ -158,5 +160,5 @@ def int8_scale(acc: Tensor, wscale: Tensor, xscale: Tensor, bias: Tensor | None)
     bias = None if bias is None else bias.float().contiguous()
     out = torch.empty(N, M)
     lib.nmt_int8_scale(acc.data_ptr(), N, M, wscale.data_ptr(), xscale.data_ptr(),
-                       None if bias is None else bias.data_ptr(), out.data_ptr())
+                       None if bias is None else bias.data_ptr(), int(relu), out.data_ptr())
     return out

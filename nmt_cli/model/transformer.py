@@ -142,11 +142,12 @@ class Attention(nn.Module):
 
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2  (section 3.3); with `activation: swish` or `gelu`,
-    that function in place of max(0, .) (the MarianMT models of OPUS-MT use swish)."""
+    that function in place of max(0, .) (the MarianMT models of OPUS-MT use swish). `activation`
+    None: fc1 applies it itself (int8's, `model/int8.py`)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.activation = cfg.activation
+        self.activation: str | None = cfg.activation
         self.fc1, self.fc2 = nn.Linear(cfg.d_model, cfg.d_ff), nn.Linear(cfg.d_ff, cfg.d_model)
         self.activation_dropout = Dropout(cfg.activation_dropout)
         for fc in (self.fc1, self.fc2):
