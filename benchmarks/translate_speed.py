@@ -117,10 +117,16 @@ def main() -> None:
         return profile(model, dictionary, sp, lines[: args.profile], args)
     print(f"{'search':<8} {'dtype':<5} {'decoder':<13} {'sentences':>9} {'seconds':>8} {'cpu s':>7} "
           f"{'sent/s':>8} {'tok/s':>8} {'out len':>7} {'rows/sent':>9} {'BLEU':>6}")
+
+    def in_dtype(name: str) -> torch.nn.Module:
+        """A copy of the model as its file holds it (fp32) in dtype `name` (int8: `nmt translate
+        --dtype int8`'s): never the model itself converted, as a model turned to bf16 and back to
+        fp32 would search with bf16-rounded weights."""
+        searched = copy.deepcopy(model)
+        return int8.quantize(searched) if name == "int8" else searched.to(DTYPES[name])
+
     for dtype_name in args.dtypes.split(","):
-        # int8 (`nmt translate --dtype int8`) quantizes a copy: the other rows keep the float model
-        searched = (int8.quantize(copy.deepcopy(model).float()) if dtype_name == "int8"
-                    else model.to({"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]))
+        searched = in_dtype(dtype_name)
         for beam in (4, 1):
             cfg = TranslateConfig(model=args.model, beam=beam, max_tokens=args.max_tokens,
                                   beam_style=args.beam_style, stop=args.stop)
@@ -140,13 +146,11 @@ def main() -> None:
         as_ct2 = {}
         # in the default dtype, and in fp32 as CTranslate2 and transformers compute where that is bf16
         for name in dict.fromkeys([default, "fp32"]):
-            dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
-            translator = Translator(model.to(dtype), dictionary, sp, cfg, lambda _: None,
+            translator = Translator(in_dtype(name), dictionary, sp, cfg, lambda _: None,
                                     workers=args.threads)
             measure(translator, lines[:20], cached=True)
             as_ct2[name] = measure(translator, lines, cached=True)
             print_row(4, name, "as CT2", lines, *as_ct2[name], refs)
-        model.to({"fp32": torch.float32, "bf16": torch.bfloat16}[default])
     if args.transformers:
         hf_outputs = measure_transformers(args, lines, refs)
         same = sum(a == b for a, b in zip(as_ct2["fp32"][3], hf_outputs, strict=True)) / len(lines)
@@ -158,7 +162,7 @@ def main() -> None:
         if args.stop == "bound":  # the same search but for its stopping rule: what `--stop beam` changes
             cfg = TranslateConfig(model=args.model, beam=4, max_tokens=args.max_tokens,
                                   beam_style=args.beam_style, stop="beam")
-            translator = Translator(model, dictionary, sp, cfg, lambda _: None,  # in `default`, as above
+            translator = Translator(in_dtype(default), dictionary, sp, cfg, lambda _: None,
                                     workers=args.threads)
             stop_beam = measure(translator, lines, cached=True)
             print_row(4, default, "stop beam", lines, *stop_beam, refs)
@@ -180,6 +184,7 @@ def main() -> None:
                       f"the default's")
 
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 BEAM4: dict[tuple[str, str], float] = {}  # (decoder, dtype) -> sentences/s of the beam 4 rows printed
 OUTPUTS: dict[str, list[str]] = {}  # dtype -> the outputs of its beam 4 incremental row
 
@@ -320,8 +325,7 @@ def profile(model: torch.nn.Module, dictionary, sp: spm.SentencePieceProcessor, 
     from torch.profiler import profile as torch_profile
 
     name = args.dtypes.split(",")[0]
-    searched = (int8.quantize(model.float()) if name == "int8"
-                else model.to({"fp32": torch.float32, "bf16": torch.bfloat16}[name]))
+    searched = int8.quantize(model) if name == "int8" else model.to(DTYPES[name])
     cfg = TranslateConfig(model=args.model, beam=4, max_tokens=args.max_tokens)
     translator = Translator(searched, dictionary, sp, cfg, lambda _: None, workers=1)
     measure(translator, lines[:20], cached=True)  # warm-up
