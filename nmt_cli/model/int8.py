@@ -6,6 +6,8 @@ Each weight row (an output channel) is quantized once with its own scale, max |w
 row (one token's vector) is quantized when it arrives with its own scale, max |x| / 127. The product
 of the int8 matrices is exact in int32 (`torch._int_mm`, torch's int8 kernel: oneDNN on x86, with
 AVX-512 VNNI or AVX2), then scaled back to float32 by the two scales, and the float32 bias added.
+The quantizing of each input row, and the scaling after the product (with the feed-forward's relu),
+run in the C kernel (`native.c`, one pass each) where it is built, in torch otherwise.
 Because every input row has its own scale, a sentence's translation does not depend on what it is
 batched with, as in float32. Everything else (layer norms, softmax, attention over the cache,
 embeddings) stays float32.

@@ -227,8 +227,8 @@ void nmt_quantize_rows(const float *x, int64_t N, int64_t K, int8_t *q, float *s
         scale[n] = s;
 #pragma omp simd
         for (int64_t i = 0; i < K; i++) {
-            float r = rintf(row[i] / s); /* |r| <= 127 by the scale's choice; clamped against NaN */
-            q[n * K + i] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+            float r = rintf(row[i] / s); /* |r| <= 127 by the scale's choice; a NaN gives 0 */
+            q[n * K + i] = (int8_t)(r >= -127.0f && r <= 127.0f ? r : 0.0f);
         }
     }
 }
