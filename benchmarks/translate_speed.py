@@ -119,11 +119,9 @@ def main() -> None:
           f"{'sent/s':>8} {'tok/s':>8} {'out len':>7} {'rows/sent':>9} {'BLEU':>6}")
 
     def in_dtype(name: str) -> torch.nn.Module:
-        """A copy of the model as its file holds it (fp32) in dtype `name` (int8: `nmt translate
-        --dtype int8`'s): never the model itself converted, as a model turned to bf16 and back to
-        fp32 would search with bf16-rounded weights."""
-        searched = copy.deepcopy(model)
-        return int8.quantize(searched) if name == "int8" else searched.to(DTYPES[name])
+        """A copy of the model as its file holds it (fp32) in dtype `name`: never the model itself
+        converted, as a model turned to bf16 and back to fp32 would search with bf16-rounded weights."""
+        return converted(copy.deepcopy(model), name)
 
     for dtype_name in args.dtypes.split(","):
         searched = in_dtype(dtype_name)
@@ -185,6 +183,12 @@ def main() -> None:
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def converted(model: torch.nn.Module, name: str) -> torch.nn.Module:
+    """`model` in dtype `name`, in place: fp32, bf16, or int8 as `nmt translate --dtype int8` runs it."""
+    return int8.quantize(model) if name == "int8" else model.to(DTYPES[name])
+
 BEAM4: dict[tuple[str, str], float] = {}  # (decoder, dtype) -> sentences/s of the beam 4 rows printed
 OUTPUTS: dict[str, list[str]] = {}  # dtype -> the outputs of its beam 4 incremental row
 
@@ -324,8 +328,7 @@ def profile(model: torch.nn.Module, dictionary, sp: spm.SentencePieceProcessor, 
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    name = args.dtypes.split(",")[0]
-    searched = int8.quantize(model) if name == "int8" else model.to(DTYPES[name])
+    searched = converted(model, args.dtypes.split(",")[0])
     cfg = TranslateConfig(model=args.model, beam=4, max_tokens=args.max_tokens)
     translator = Translator(searched, dictionary, sp, cfg, lambda _: None, workers=1)
     measure(translator, lines[:20], cached=True)  # warm-up
