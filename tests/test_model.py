@@ -139,6 +139,39 @@ def test_incremental_decoding_equals_full_forward(variant: str) -> None:
     torch.testing.assert_close(steps, full, atol=ATOL, rtol=0)
 
 
+def test_the_cache_grows_and_compacts_its_pools_and_keeps_every_rows_keys() -> None:
+    """Forty steps of rows reordered as a beam search does (beams fork, rows and whole sentences
+    leave): every step's logits equal the full model's over each row's prefix, through pools that
+    grew past their first room and were compacted to the entries still used."""
+    model = _model(dataclasses.replace(SMALL, max_positions=64))
+    src = _tokens([6, 4, 5], seed=11)
+    g = torch.Generator().manual_seed(12)
+    enc = model.encode(src)
+    cache = model.start_decoding(enc)
+    sentence = torch.arange(3).repeat_interleave(4)  # of each row: 4 rows a sentence
+    history = torch.full((12, 1), BOS)
+    capacities, filled = set(), []
+    with torch.no_grad():
+        for step in range(40):
+            logits = model.decode_step(history[:, -1], step, enc, cache)
+            full = model(src[sentence], history)[:, -1]
+            torch.testing.assert_close(logits, full, atol=ATOL, rtol=0)
+            capacities.add(cache.layers[0]["k"].shape[0])
+            filled.append(cache.filled)
+            per = len(sentence) // enc.memory.shape[0]  # rows a sentence, all sentences alike
+            parents = torch.randint(0, per, (enc.memory.shape[0], per), generator=g)  # forks, drops
+            order = (torch.arange(enc.memory.shape[0])[:, None] * per + parents).reshape(-1)
+            keep = None
+            if step == 20:  # the middle sentence finishes
+                keep = torch.tensor([0, 2])
+                order = order.view(3, per)[keep].reshape(-1)
+            enc, cache = model.reorder(enc, cache, order, keep)
+            sentence = sentence[order]
+            history = torch.cat([history[order], torch.randint(4, VOCAB, (len(order), 1), generator=g)], 1)
+    assert len(capacities) > 1  # grew
+    assert any(b < a for a, b in zip(filled, filled[1:]))  # compacted: renumbered to fewer entries
+
+
 def test_keep_selects_the_same_logits_as_the_full_output() -> None:
     model = _model()
     src, prev = _tokens([6, 3], seed=7), _tokens([5, 2], seed=8, first=BOS)

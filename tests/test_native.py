@@ -156,9 +156,28 @@ def test_attention_kernel_equals_attention_in_float64(kernel, dtype: torch.dtype
     assert error < (1e-5 if dtype == torch.float32 else torch_error + 1e-3), (error, torch_error)
     unmasked = native.cached_attention(q, k, v, None).double()
     assert (unmasked - want).abs().max() > 1  # the mask mattered
-    assert native.cached_attention(q.expand(G, H, 2, K), k, v, mask) is None  # several queries a group
     assert native.cached_attention(q[..., :24], k[..., :24], v, mask) is None  # K not a multiple of 16
     assert native.cached_attention(q.half(), k.half(), v.half(), mask) is None
+
+
+def test_attention_kernel_takes_several_queries_a_group_and_pooled_keys(kernel) -> None:
+    """A sentence's beams over its encoder states (several queries a group), and rows whose keys and
+    values are entries of a pool (`transformer.Cache`): the same as torch's attention of them, within
+    float32's rounding."""
+    torch.manual_seed(1)
+    G, H, T, L, K, P = 9, 4, 3, 11, 16, 50
+    q, k, v = torch.randn(G, H, T, K), torch.randn(G, H, L, K), torch.randn(G, H, L, 32)
+    mask = torch.rand(G, 1, 1, L) > 0.3
+    mask[:, :, :, 0] = True
+    found = native.cached_attention(q, k, v, mask)
+    torch.testing.assert_close(found, kernels.attention(q, k, v, mask, causal=False, dropout=0.0),
+                               atol=1e-5, rtol=1e-5)
+    pool_k, pool_v = torch.randn(P, H, K), torch.randn(P, H, 32)
+    rows = torch.randint(0, P, (G, L))
+    pooled = native.cached_attention(q[:, :, :1], pool_k, pool_v, None, rows)
+    want = kernels.attention(q[:, :, :1], kernels.gathered(pool_k, rows), kernels.gathered(pool_v, rows), None,
+                             causal=False, dropout=0.0)
+    torch.testing.assert_close(pooled, want, atol=1e-5, rtol=1e-5)
 
 
 def test_search_with_the_attention_kernel_finds_what_torch_finds(kernel,

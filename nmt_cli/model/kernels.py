@@ -38,25 +38,37 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool
     return weights @ v
 
 
-def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                     rows: Tensor | None = None) -> Tensor:
     """`attention` of incremental decoding: a few queries (the beams of a sentence, or one row's newest
-    position) over cached keys and values. Inside torch.compile on a CPU it is written as products and
-    sums, which inductor fuses into one kernel that reads each cached key and value once, where it
-    would leave two batched matrix products to torch. Eager on a CPU outside autograd it is the C
-    kernel of `native.py` where there is one and it takes the shapes (fp32 or bf16): one pass over each
-    head's cache, where torch runs two batched products of tiny matrices (and in bf16 sets up a new
-    primitive for every cache length). Elsewhere it is `attention`. Measured: benchmarks/README.md,
-    "Translation"."""
+    position) over cached keys and values; with `rows` (B, L), keys (P, H, K) and values (P, H, K_v)
+    are pools and query b's key and value l are entry rows[b, l] (`transformer.Cache`). Inside
+    torch.compile on a CPU it is written as products and sums, which inductor fuses into one kernel
+    that reads each cached key and value once, where it would leave two batched matrix products to
+    torch. Eager on a CPU outside autograd it is the C kernel of `native.py` where there is one and it
+    takes the shapes (fp32 or bf16): one pass over each head's cache, where torch runs two batched
+    products of tiny matrices (and in bf16 sets up a new primitive for every cache length). Elsewhere
+    it is `attention` (of the pools' entries gathered). Measured: benchmarks/README.md, "Translation"."""
     if not torch.compiler.is_compiling():
-        found = None if q.device.type != "cpu" or q.requires_grad else native.cached_attention(q, k, v, mask)
+        found = (None if q.device.type != "cpu" or q.requires_grad
+                 else native.cached_attention(q, k, v, mask, rows))
         if found is not None:
             return found
+    if rows is not None:
+        k, v = gathered(k, rows), gathered(v, rows)
+    if not torch.compiler.is_compiling():
         return attention(q, k, v, mask, causal=False, dropout=0.0)
     scores = (q.float()[:, :, :, None] * q.shape[-1] ** -0.5 * k.float()[:, :, None]).sum(-1)  # (B, H, T, L)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = softmax(scores)
     return (weights[..., None] * v.float()[:, :, None]).sum(-2).to(v.dtype)  # (B, H, T, K)
+
+
+def gathered(pool: Tensor, rows: Tensor) -> Tensor:
+    """Entries rows (B, L) of a pool (P, H, K) of cached keys or values, as (B, H, L, K)."""
+    B, L = rows.shape
+    return pool.index_select(0, rows.reshape(-1)).view(B, L, *pool.shape[1:]).transpose(1, 2)
 
 
 def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None, causal: bool) -> Tensor:

@@ -141,14 +141,16 @@ int nmt_best_tokens(const void *logits, int bf16, int64_t N, int64_t V, int64_t 
  * (kernels.cached_attention), softmax(q k^T * scale) v in float32, for each of G groups and H heads: T
  * queries q (G, H, T, K) over L cached keys k (G, H, L, K) and values v (G, H, L, Kv), keys l of group g
  * left out where allowed[g * L + l] is 0 (allowed may be NULL; a group has at least one key allowed).
+ * With rows (G, L) (may be NULL), k (P, H, K) and v (P, H, Kv) are pools of entries instead, and group
+ * g's key and value l are entry rows[g * L + l] (the self-attention cache of transformer.Cache).
  * A group is a decoder row (self-attention: T = 1, its own cache) or a sentence (cross-attention: its
  * T beams over its one copy of the encoder's keys and values; native.py passes T = 1 only, torch's
  * products being faster for several queries). out (G, T, H, Kv): the heads side by
  * side, as W^O reads them. All contiguous, float32 (bf16 = 0) or bfloat16 (bf16 = 1; out rounded to
  * nearest even). Returns 0, or -1 if memory ran out. */
 static inline __attribute__((always_inline)) int cached_attention(
-    const void *q, const void *k, const void *v, const uint8_t *allowed, int64_t G, int64_t H, int64_t T,
-    int64_t L, int64_t K, int64_t Kv, float scale, void *out, int bf16) {
+    const void *q, const void *k, const void *v, const uint8_t *allowed, const int64_t *rows, int64_t G,
+    int64_t H, int64_t T, int64_t L, int64_t K, int64_t Kv, float scale, void *out, int bf16) {
     float *qh = malloc(sizeof(float) * (T * K + T * L + T * Kv));
     if (!qh)
         return -1;
@@ -156,15 +158,17 @@ static inline __attribute__((always_inline)) int cached_attention(
     for (int64_t g = 0; g < G; g++) {
         for (int64_t h = 0; h < H; h++) {
             int64_t head = g * H + h, kh = head * L * K, vh = head * L * Kv;
+            const int64_t *entry = rows ? rows + g * L : NULL; /* key l at (entry[l] * H + h) * K */
 #pragma omp simd
             for (int64_t i = 0; i < T * K; i++) qh[i] = element(q, head * T * K + i, bf16);
             for (int64_t t = 0; t < T; t++) {
                 float *s = scores + t * L, max = -INFINITY, total = 0.0f;
                 for (int64_t l = 0; l < L; l++) {
                     float part[16] = {0}; /* 16 partial sums, in vector registers; K % 16 == 0 */
+                    int64_t key = entry ? (entry[l] * H + h) * K : kh + l * K;
                     for (int64_t i = 0; i < K; i += 16)
 #pragma omp simd
-                        for (int64_t j = 0; j < 16; j++) part[j] += qh[t * K + i + j] * element(k, kh + l * K + i + j, bf16);
+                        for (int64_t j = 0; j < 16; j++) part[j] += qh[t * K + i + j] * element(k, key + i + j, bf16);
                     float dot = 0.0f;
                     for (int64_t j = 0; j < 16; j++) dot += part[j];
                     s[l] = allowed && !allowed[g * L + l] ? -INFINITY : dot * scale;
@@ -181,8 +185,9 @@ static inline __attribute__((always_inline)) int cached_attention(
                     float block[16] = {0};
                     for (int64_t l = 0; l < L; l++) {
                         float w = allowed && !allowed[g * L + l] ? 0.0f : s[l] * inverse;
+                        int64_t value = entry ? (entry[l] * H + h) * Kv : vh + l * Kv;
 #pragma omp simd
-                        for (int64_t j = 0; j < 16; j++) block[j] += w * element(v, vh + l * Kv + i + j, bf16);
+                        for (int64_t j = 0; j < 16; j++) block[j] += w * element(v, value + i + j, bf16);
                     }
                     for (int64_t j = 0; j < 16; j++) acc[i + j] = block[j];
                 }
@@ -205,12 +210,12 @@ static inline __attribute__((always_inline)) int cached_attention(
     return 0;
 }
 
-int nmt_cached_attention(const void *q, const void *k, const void *v, const uint8_t *allowed, int bf16,
-                         int64_t G, int64_t H, int64_t T, int64_t L, int64_t K, int64_t Kv, float scale,
-                         void *out) {
+int nmt_cached_attention(const void *q, const void *k, const void *v, const uint8_t *allowed,
+                         const int64_t *rows, int bf16, int64_t G, int64_t H, int64_t T, int64_t L, int64_t K,
+                         int64_t Kv, float scale, void *out) {
     /* two copies, each with its element type fixed, for the compiler to vectorize */
-    return bf16 ? cached_attention(q, k, v, allowed, G, H, T, L, K, Kv, scale, out, 1)
-                : cached_attention(q, k, v, allowed, G, H, T, L, K, Kv, scale, out, 0);
+    return bf16 ? cached_attention(q, k, v, allowed, rows, G, H, T, L, K, Kv, scale, out, 1)
+                : cached_attention(q, k, v, allowed, rows, G, H, T, L, K, Kv, scale, out, 0);
 }
 
 /* nmt_quantize_rows: int8 translation's input side (int8.quantize_rows) in one pass over each row of

@@ -77,7 +77,7 @@ def library() -> ctypes.CDLL | None:
     lib.nmt_best_tokens.argtypes = [ctypes.c_void_p, ctypes.c_int, *[ctypes.c_int64] * 6,
                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     lib.nmt_cached_attention.restype = ctypes.c_int
-    lib.nmt_cached_attention.argtypes = [*[ctypes.c_void_p] * 4, ctypes.c_int, *[ctypes.c_int64] * 6,
+    lib.nmt_cached_attention.argtypes = [*[ctypes.c_void_p] * 5, ctypes.c_int, *[ctypes.c_int64] * 6,
                                          ctypes.c_float, ctypes.c_void_p]
     lib.nmt_quantize_rows.restype = None
     lib.nmt_quantize_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
@@ -110,26 +110,31 @@ def best_tokens(logits: Tensor, k: int, pad: int, bos: int, eos: int) -> tuple[T
     return top, tokens, eos_log_prob
 
 
-def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor | None:
+def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                     rows: Tensor | None = None) -> Tensor | None:
     """`kernels.cached_attention` of float32 or bf16 CPU tensors by the kernel: one query a group, q (G, H,
     1, K), over keys (G, H, L, K) and values (G, H, L, K_v), K and K_v multiples of 16 (the self-attention
     of every decoder row, and greedy search's cross-attention; a sentence's several beams over its
     encoder states are faster in torch's products); `mask` None or (G, 1, 1, L), True where allowed.
-    Returns (G, H, 1, K_v) in q's dtype (a view of the heads side by side, (G, 1, H, K_v)); None where
-    the kernel is not there or does not take these tensors."""
+    With `rows` (G, L) int64, k (P, H, K) and v (P, H, K_v) are pools and group g's key and value l are
+    entry rows[g, l] (`transformer.Cache`). Returns (G, H, 1, K_v) in q's dtype (a view of the heads
+    side by side, (G, 1, H, K_v)); None where the kernel is not there or does not take these tensors."""
     lib = library()
     G, H, T, K = q.shape
-    L, Kv = k.shape[2], v.shape[3]
+    L, Kv = (k.shape[2], v.shape[3]) if rows is None else (rows.shape[1], v.shape[2])
     if (lib is None or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.bfloat16)
-            or not q.dtype == k.dtype == v.dtype or T != 1 or K % 16 or Kv % 16
+            or not q.dtype == k.dtype == v.dtype or K % 16 or Kv % 16
+            or (rows is not None and (rows.dtype != torch.long or rows.shape[0] != G))
             or (mask is not None and (mask.dtype != torch.bool or mask.shape != (G, 1, 1, L)))):
         return None
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     allowed = None if mask is None else mask.reshape(G, L).contiguous()
+    rows = None if rows is None else rows.contiguous()
     out = torch.empty(G, T, H, Kv, dtype=q.dtype)
     bf16 = int(q.dtype == torch.bfloat16)
     if lib.nmt_cached_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                None if allowed is None else allowed.data_ptr(), bf16, G, H, T, L, K, Kv,
+                                None if allowed is None else allowed.data_ptr(),
+                                None if rows is None else rows.data_ptr(), bf16, G, H, T, L, K, Kv,
                                 K**-0.5, out.data_ptr()) != 0:
         raise MemoryError("the attention kernel could not allocate its buffers")
     return out.transpose(1, 2)

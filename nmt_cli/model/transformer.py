@@ -29,13 +29,66 @@ from nmt_cli.model.kernels import (
     attention,
     attention_weights,
     cached_attention,
+    gathered,
     output_projection,
     relu,
 )
 
-# One dict per decoder layer: "memory_k"/"memory_v" over the encoder output (one copy per sentence),
-# "k"/"v" of the self-attention so far (one per row), "k_next"/"v_next" prepared by `reorder`.
-Cache = list[dict[str, Tensor]]
+class Cache:
+    """The incremental decoder's state (`Transformer.start_decoding`, `decode_step`, `reorder`).
+
+    `layers`, one dict per decoder layer: "memory_k"/"memory_v", the keys and values over the encoder
+    output (B, H, S, K), one copy per sentence; "k"/"v", pools (P, H, K) of the self-attention's keys
+    and values, one entry per row and position decoded, written once and never moved. `rows` (N, t + 1)
+    says which entry holds each decoder row's keys and values at each position so far, its last column
+    where this step writes. Keeping the surviving beams therefore copies that table of indices, not the
+    keys and values: the copy of every row's cache at every step grew with the length and took 10-18%
+    of a beam search's step (benchmarks/README.md, "int8").
+    """
+
+    def __init__(self, layers: list[dict[str, Tensor]]) -> None:
+        self.layers = layers
+        self.rows: Tensor | None = None  # None until the first step
+        self.filled = 0  # pool entries written before this step's
+        self.written = False  # whether this step's column has been written (decode_step ran)
+
+    def start(self, n: int, device: torch.device) -> None:
+        """Before the first step, of `n` rows."""
+        self._open_column(torch.zeros(n, 0, dtype=torch.long, device=device))
+
+    def advance(self, order: Tensor) -> None:
+        """After a step: keep rows `order` (N') for the next one."""
+        kept = self.rows.index_select(0, order)
+        self.filled += self.rows.shape[0]
+        self._open_column(kept)
+
+    def _open_column(self, kept: Tensor) -> None:
+        """The rows' table of entries `kept` (N', t), with a fresh column of entries to write."""
+        n = kept.shape[0]
+        if self.filled + n > self.layers[0]["k"].shape[0]:
+            kept = self._make_room(kept, n)
+        fresh = torch.arange(self.filled, self.filled + n, device=kept.device)
+        self.rows, self.written = torch.cat([kept, fresh[:, None]], dim=1), False
+
+    def _make_room(self, kept: Tensor, n: int) -> Tensor:
+        """New pools with room for `n` more entries and as many again (the table grows by doubling):
+        holding only the entries `kept` (N', t) uses, renumbered, if they are fewer than those
+        written (rows of finished sentences and of dropped beams leave entries nobody reads)."""
+        compact = kept.numel() < self.filled
+        size = kept.numel() if compact else self.filled
+        for layer in self.layers:
+            for name in ("k", "v"):
+                old = layer[name]
+                new = old.new_empty(2 * (size + n), *old.shape[1:])
+                if compact:
+                    torch.index_select(old, 0, kept.reshape(-1), out=new[:size])
+                else:
+                    new[:size] = old[:size]
+                layer[name] = new
+        self.filled = size
+        if compact:
+            kept = torch.arange(size, device=kept.device).view(kept.shape)
+        return kept
 
 
 class Slots(Protocol):
@@ -125,14 +178,15 @@ class Attention(nn.Module):
         return self._heads(k), self._heads(v)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False,
-               cached: bool = False) -> Tensor:
+               cached: bool = False, rows: Tensor | None = None) -> Tensor:
         """(B, H, T, K) queries over (B, H, L, K) keys and (B, H, L, K_v) values -> (B, T, D). `mask`
         is True where allowed;
-        `cached`: incremental decoding's queries over cached keys/values (`cached_attention`)."""
+        `cached`: incremental decoding's queries over cached keys/values (`cached_attention`), with
+        `rows` (B, L) those of pools (P, H, K) (`Cache`)."""
         if self.recorder is not None:
-            self.recorder(attention_weights(q, k, mask, causal))
+            self.recorder(attention_weights(q, k if rows is None else gathered(k, rows), mask, causal))
         if cached:
-            return self._merge(cached_attention(q, k, v, mask))
+            return self._merge(cached_attention(q, k, v, mask, rows))
         return self._merge(attention(q, k, v, mask, causal, self.dropout if self.training else 0.0))
 
     def _merge(self, y: Tensor) -> Tensor:  # (B, H, T, K_v) -> W^O of the heads side by side (B, T, D)
@@ -201,18 +255,23 @@ class DecoderLayer(nn.Module):
         self.self_block, self.cross_block, self.ffn_block = Residual(cfg), Residual(cfg), Residual(cfg)
 
     def forward(self, x: Tensor, enc: Encoded, cache: dict[str, Tensor] | None,
-                beams: Slots | None = None) -> Tensor:
-        """x (B, T, D) -> (B, T, D). With a cache, x is the newest position only (T = 1)."""
-        x = self.self_block(x, lambda h: self._self_attention(h, cache))
+                beams: Slots | None = None, rows: Tensor | None = None, filled: int = 0) -> Tensor:
+        """x (B, T, D) -> (B, T, D). With a cache (one layer's of `Cache`, with its `rows` and
+        `filled`), x is the newest position only (T = 1)."""
+        x = self.self_block(x, lambda h: self._self_attention(h, cache, rows, filled))
         x = self.cross_block(x, lambda h: self._cross_attention(h, enc, cache, beams))
         return self.ffn_block(x, self.ffn)
 
-    def _self_attention(self, h: Tensor, cache: dict[str, Tensor] | None) -> Tensor:
+    def _self_attention(self, h: Tensor, cache: dict[str, Tensor] | None, rows: Tensor | None,
+                        filled: int) -> Tensor:
         q, k, v = self.self_attn.qkv(h)
         if cache is None:  # whole target at once: position t sees positions <= t (causal mask)
             return self.self_attn.attend(q, k, v, causal=True)
-        # One new position: it sees everything cached so far, no mask needed.
-        return self.self_attn.attend(q, _append(cache, "k", k), _append(cache, "v", v), cached=True)
+        # One new position, written to its pool entries (rows[:, -1], the next len(rows) after the
+        # `filled` ones): it sees everything cached so far, no mask needed.
+        cache["k"][filled : filled + len(rows)] = k[:, :, 0]
+        cache["v"][filled : filled + len(rows)] = v[:, :, 0]
+        return self.self_attn.attend(q, cache["k"], cache["v"], cached=True, rows=rows)
 
     def _cross_attention(self, h: Tensor, enc: Encoded, cache: dict[str, Tensor] | None,
                          beams: Slots | None) -> Tensor:
@@ -231,28 +290,6 @@ class DecoderLayer(nn.Module):
         if beams is not None:
             y = y.flatten(0, 1)[beams.slot]
         return y.view(rows, 1, -1)
-
-
-def _append(cache: dict[str, Tensor], name: str, new: Tensor) -> Tensor:
-    """Add the newest position's keys or values (N, H, 1, K) after the cached ones; returns all so far,
-    (N, H, t + 1, K) and contiguous (batched matrix products copy strided operands first). `reorder`
-    leaves a free last position in its copy, so a beam step copies the cache once, not twice."""
-    slot = cache.pop(f"{name}_next", None)
-    if slot is not None:
-        slot[:, :, -1:] = new
-        cache[name] = slot
-    else:
-        cache[name] = torch.cat([cache[name], new], dim=2) if name in cache else new
-    return cache[name]
-
-
-def _reorder_rows(cache: dict[str, Tensor], name: str, order: Tensor) -> None:
-    """Keep rows `order` of the cached `name`, copied into a tensor with one free position at the end."""
-    old = cache[name]
-    rows, heads, length, width = old.shape
-    following = old.new_empty(len(order), heads, length + 1, width)
-    cache[name] = torch.index_select(old, 0, order, out=following[:, :, :length])
-    cache[f"{name}_next"] = following
 
 
 class Transformer(nn.Module):
@@ -358,13 +395,19 @@ class Transformer(nn.Module):
     # -- incremental decoding, one target position per call ---------------------------------------
 
     def start_decoding(self, enc: Encoded) -> Cache:
-        """A fresh cache holding each layer's keys/values over the encoder output."""
-        cache = []
+        """A fresh cache holding each layer's keys/values over the encoder output, and empty pools for
+        the self-attention's, with room for a few steps of the B sentences (they grow as needed)."""
+        layers = []
+        B, device, dtype = enc.memory.shape[0], enc.memory.device, enc.memory.dtype
         for layer in self.decoder:
             # contiguous: every step's matrix product reads them as they are
             k, v = layer.cross_attn.keys_values(enc.memory)
-            cache.append({"memory_k": k.contiguous(), "memory_v": v.contiguous()})
-        return cache
+            attn = layer.self_attn
+            widths = [width // attn.heads for width in attn.widths[1:]]
+            layers.append({"memory_k": k.contiguous(), "memory_v": v.contiguous(),
+                           **{name: torch.empty(16 * B, attn.heads, width, device=device, dtype=dtype)
+                              for name, width in zip(("k", "v"), widths, strict=True)}})
+        return Cache(layers)
 
     def decode_step(self, tokens: Tensor, step: int, enc: Encoded, cache: Cache,
                     beams: Slots | None = None) -> Tensor:
@@ -377,9 +420,14 @@ class Transformer(nn.Module):
     def decode_hidden(self, tokens: Tensor, step: int, enc: Encoded, cache: Cache,
                       beams: Slots | None = None) -> Tensor:
         """`decode_step` up to the output projection: the decoder's output (N, D)."""
+        if cache.rows is None:
+            cache.start(len(tokens), tokens.device)
+        elif cache.written:  # a second step without `reorder`: the same rows go on
+            cache.advance(torch.arange(len(tokens), device=tokens.device))
+        cache.written = True
         x = self._embed(tokens[:, None], start=step)  # (N, 1, D)
-        for layer, layer_cache in zip(self.decoder, cache, strict=True):
-            x = layer(x, enc, layer_cache, beams)
+        for layer, layer_cache in zip(self.decoder, cache.layers, strict=True):
+            x = layer(x, enc, layer_cache, beams, cache.rows, cache.filled)
         return self.decoder_norm(x[:, 0])
 
     @staticmethod
@@ -388,10 +436,8 @@ class Transformer(nn.Module):
         """Keep decoder rows `order` (N'): the beams that survive, grouped by sentence as in
         `decode_step`. Encoder states are shared by a sentence's beams, so they change only when
         sentences leave: `sentences` (B',) are the ones still decoding (None: all)."""
-        for layer in cache:
-            for name in ("k", "v"):
-                if name in layer:
-                    _reorder_rows(layer, name, order)
+        cache.advance(order)
+        for layer in cache.layers:
             if sentences is not None:
                 layer["memory_k"] = layer["memory_k"].index_select(0, sentences)
                 layer["memory_v"] = layer["memory_v"].index_select(0, sentences)
