@@ -144,8 +144,7 @@ int nmt_best_tokens(const void *logits, int bf16, int64_t N, int64_t V, int64_t 
  * With rows (G, L) (may be NULL), k (P, H, K) and v (P, H, Kv) are pools of entries instead, and group
  * g's key and value l are entry rows[g * L + l] (the self-attention cache of transformer.Cache).
  * A group is a decoder row (self-attention: T = 1, its own cache) or a sentence (cross-attention: its
- * T beams over its one copy of the encoder's keys and values; native.py passes T = 1 only, torch's
- * products being faster for several queries). out (G, T, H, Kv): the heads side by
+ * T beams over its one copy of the encoder's keys and values). out (G, T, H, Kv): the heads side by
  * side, as W^O reads them. All contiguous, float32 (bf16 = 0) or bfloat16 (bf16 = 1; out rounded to
  * nearest even). Returns 0, or -1 if memory ran out. */
 static inline __attribute__((always_inline)) int cached_attention(

@@ -112,13 +112,13 @@ def best_tokens(logits: Tensor, k: int, pad: int, bos: int, eos: int) -> tuple[T
 
 def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                      rows: Tensor | None = None) -> Tensor | None:
-    """`kernels.cached_attention` of float32 or bf16 CPU tensors by the kernel: one query a group, q (G, H,
-    1, K), over keys (G, H, L, K) and values (G, H, L, K_v), K and K_v multiples of 16 (the self-attention
-    of every decoder row, and greedy search's cross-attention; a sentence's several beams over its
-    encoder states are faster in torch's products); `mask` None or (G, 1, 1, L), True where allowed.
+    """`kernels.cached_attention` of float32 or bf16 CPU tensors by the kernel: T queries a group, q (G, H,
+    T, K), over keys (G, H, L, K) and values (G, H, L, K_v), K and K_v multiples of 16 (the self-attention
+    of every decoder row, one query each, and the cross-attention of a sentence's beams over its
+    encoder states); `mask` None or (G, 1, 1, L), True where allowed.
     With `rows` (G, L) int64, k (P, H, K) and v (P, H, K_v) are pools and group g's key and value l are
-    entry rows[g, l] (`transformer.Cache`). Returns (G, H, 1, K_v) in q's dtype (a view of the heads
-    side by side, (G, 1, H, K_v)); None where the kernel is not there or does not take these tensors."""
+    entry rows[g, l] (`transformer.Cache`). Returns (G, H, T, K_v) in q's dtype (a view of the heads
+    side by side, (G, T, H, K_v)); None where the kernel is not there or does not take these tensors."""
     lib = library()
     G, H, T, K = q.shape
     L, Kv = (k.shape[2], v.shape[3]) if rows is None else (rows.shape[1], v.shape[2])
