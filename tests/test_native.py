@@ -175,8 +175,8 @@ def test_attention_kernel_takes_several_queries_a_group_and_pooled_keys(kernel) 
     pool_k, pool_v = torch.randn(P, H, K), torch.randn(P, H, 32)
     rows = torch.randint(0, P, (G, L))
     pooled = native.cached_attention(q[:, :, :1], pool_k, pool_v, None, rows)
-    want = kernels.attention(q[:, :, :1], kernels.gathered(pool_k, rows), kernels.gathered(pool_v, rows), None,
-                             causal=False, dropout=0.0)
+    keys, values = kernels.gathered(pool_k, rows), kernels.gathered(pool_v, rows)
+    want = kernels.attention(q[:, :, :1], keys, values, None, causal=False, dropout=0.0)
     torch.testing.assert_close(pooled, want, atol=1e-5, rtol=1e-5)
 
 

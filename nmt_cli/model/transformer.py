@@ -34,6 +34,7 @@ from nmt_cli.model.kernels import (
     relu,
 )
 
+
 class Cache:
     """The incremental decoder's state (`Transformer.start_decoding`, `decode_step`, `reorder`).
 
