@@ -24,6 +24,7 @@ from nmt_cli.data.dataset import BOS, EOS, PAD
 from nmt_cli.inference.beams import CHUNK_ROWS, Beams, best_tokens, group_size, top_k
 from nmt_cli.inference.search import (
     IncrementalDecoder,
+    Search,
     _batches,
     beam_search,
     compile_decoder,
@@ -253,6 +254,38 @@ def test_batched_search_equals_reference(beam: int, nbest: int, alpha: float, se
         assert len(hyps) == nbest and [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
         lengths.update(len(h.tokens) for h in hyps)
     assert len(lengths) > 1  # the sentences did end at different lengths: EOS handling was exercised
+
+
+@pytest.mark.parametrize("beam,nbest", [(1, 1), (4, 2)])
+@pytest.mark.parametrize("style,stop", [("paper", "bound"), ("shrinking", "bound"), ("paper", "beam")])
+@pytest.mark.parametrize("d_model", [32, 64], ids=["torch-attention", "kernel-attention"])
+def test_sentences_that_join_a_running_search_get_the_reference_search(beam: int, nbest: int, style: str,
+                                                                      stop: str, d_model: int) -> None:
+    """Iteration-level batching (`Search.join`, the server's): sentences join at different steps, one
+    or several at a time, while others decode and leave, and one joins a search that had emptied;
+    each gets the plain reference's n-best, and the cache keeps no column older than its oldest row.
+    Heads 16 wide (d_model 64) take the C attention kernel where it is built, 8 wide torch's."""
+    model = random_model(24, seed=2, cfg=dataclasses.replace(TINY, d_model=d_model, d_ff=2 * d_model))
+    sources = random_sources(24, [3, 7, 1, 5, 9, 2, 11, 4, 6, 8, 3], seed=2)
+    settings = dict(beam=beam, nbest=nbest, lenpen=0.6, max_len_a=1.0, max_len_b=4, style=style, stop=stop)
+    search = Search(model, **settings)
+    arrivals = {0: [0, 1], 1: [2], 3: [3, 4, 5], 4: [6], 7: [7, 8], 9: [9], 40: [10]}  # step -> joining
+    found: dict[int, list] = {}
+    ages_differed, emptied = False, False
+    for step in range(60):
+        if step in arrivals:
+            emptied |= step > 0 and not len(search)
+            search.join(padded([sources[i] for i in arrivals[step]]), arrivals[step])
+        if len(search):
+            ages_differed |= search.common is None
+            found.update(search.step())
+        if len(search) and search.decoder.cache.rows is not None:
+            assert search.decoder.cache.rows.shape[1] == int(search.age.max()) + 1
+    assert ages_differed and emptied and sorted(found) == list(range(len(sources)))
+    for i, source in enumerate(sources):
+        expected = reference_search(model, source, **settings)
+        assert [h.tokens for h in found[i]] == [h.tokens for h in expected], i
+        assert [h.score for h in found[i]] == pytest.approx([h.score for h in expected], abs=1e-4)
 
 
 @pytest.mark.parametrize("changes", [dict(d_k=4, d_v=12), dict(positions="learned")],

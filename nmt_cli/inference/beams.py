@@ -37,7 +37,7 @@ class SearchModel(Protocol):
         """A fresh cache for decoding the sentences of `enc`."""
         ...
 
-    def decode_step(self, tokens: Tensor, step: int, enc: Any, cache: Any, beams: Slots | None = None
+    def decode_step(self, tokens: Tensor, step: int | Tensor, enc: Any, cache: Any, beams: Slots | None = None
                     ) -> Tensor:
         """tokens (N,) at target position `step` -> scores (N, V) of the next token, extending `cache`."""
         ...
@@ -80,7 +80,7 @@ class NextTokens(NamedTuple):
     eos: Tensor  # (N,) float32: the log-probability of EOS
 
 
-def next_tokens(model: SearchModel, tokens: Tensor, step: int, enc: Encoded, cache: Cache, k: int,
+def next_tokens(model: SearchModel, tokens: Tensor, step: int | Tensor, enc: Encoded, cache: Cache, k: int,
                 beams: Beams | None = None, allowed: Tensor | None = None) -> NextTokens:
     """The model's `decode_step`, then each row's k most probable next tokens (`best_tokens`), among the
     `allowed` ones (N, V) if given: the unit `search.compile_decoder` compiles.

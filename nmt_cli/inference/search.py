@@ -50,7 +50,7 @@ import math
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Literal, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -131,12 +131,21 @@ class IncrementalDecoder:
         self.enc = model.encode(src)
         self.cache = model.start_decoding(self.enc)
 
-    def step(self, tokens: Tensor, history: Tensor, step: int, beams: Beams | None, k: int,
+    def step(self, tokens: Tensor, history: Tensor, step: int | Tensor, beams: Beams | None, k: int,
              allowed: Tensor | None = None) -> NextTokens:
         return self.next_tokens(self.model, tokens, step, self.enc, self.cache, k, beams, allowed)
 
     def reorder(self, rows: Tensor, sentences: Tensor | None) -> None:
         self.enc, self.cache = self.model.reorder(self.enc, self.cache, rows, sentences)
+
+    def join(self, src: Tensor) -> None:
+        """Sentences src (B', S) join, one row each, after the rows there are (`Search.join`)."""
+        assert isinstance(self.model, Transformer), "only a Transformer's search takes sentences as it runs"
+        self.enc, self.cache = self.model.join(self.enc, self.cache, self.model.encode(src))
+
+    def trim(self, steps: int) -> None:
+        """No row is older than `steps`: the cache forgets the columns before (`Cache.trim`)."""
+        self.cache.trim(steps + 1)
 
 
 class FullForwardDecoder:
@@ -166,12 +175,13 @@ class FullForwardDecoder:
 
 
 class _Finished:
-    """Finished hypotheses of the sentences of one batch, and each one's nbest-th best score."""
+    """Finished hypotheses of the sentences a search holds, in its order, and each one's nbest-th best
+    score."""
 
     def __init__(self, batch_size: int, nbest: int, device: torch.device) -> None:
         self.nbest = nbest
         self.hypotheses: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
-        self.nth_best = torch.full((batch_size,), -math.inf, device=device)  # by original sentence
+        self.nth_best = torch.full((batch_size,), -math.inf, device=device)
 
     def add(self, sentence: int, tokens: list[int], log_prob: float, alpha: float | Penalty) -> None:
         """Collect a finished hypothesis (all are kept: the n-best are taken at the end)."""
@@ -180,6 +190,164 @@ class _Finished:
         found.sort(key=lambda h: -h.score)
         if len(found) >= self.nbest:
             self.nth_best[sentence] = found[self.nbest - 1].score
+
+    def keep(self, kept: Tensor, indices: list[int]) -> None:
+        """Only the sentences `kept` (the same as the list `indices`), in that order."""
+        self.hypotheses = [self.hypotheses[i] for i in indices]
+        self.nth_best = self.nth_best[kept]
+
+    def join(self, n: int) -> None:
+        self.hypotheses += [[] for _ in range(n)]
+        self.nth_best = torch.cat([self.nth_best, self.nth_best.new_full((n,), -math.inf)])
+
+
+class Search:
+    """The batched beam search of the module docstring, one step at a time: sentences join it between
+    steps (`join`) and each leaves as soon as its n-best is settled (`step` returns it).
+    `beam_search` joins one batch and steps until it is done. A server's search thread
+    (serve/batcher.py) lets new sentences in at every step (iteration-level batching), so that no
+    sentence waits for the longest one of a batch before it is answered, and the search keeps its
+    rows full while sentences come and go.
+
+    A sentence that joins late decodes at its own position: `age` (B,) counts each sentence's steps.
+    `history` (N, t) holds each row's tokens right-aligned (PAD before a younger row's first token),
+    and the decoder's cache masks a younger row's attention over the steps before it joined
+    (`transformer.Cache.join`): its search is the one it would have alone. Joining needs the
+    incremental decoder of a `Transformer` and no constraint.
+    """
+
+    def __init__(self, model: SearchModel, *, beam: int, nbest: int, lenpen: float | Penalty,
+                 max_len_a: float, max_len_b: int, cached: bool = True, style: BeamStyle = "paper",
+                 stop: Stop = "bound", constraint: Constraint | None = None) -> None:
+        assert 1 <= nbest <= beam
+        self.model, self.beam, self.nbest, self.lenpen, self.stop = model, beam, nbest, lenpen, stop
+        self.max_len_a, self.max_len_b, self.cached = max_len_a, max_len_b, cached
+        self.constraint = constraint
+        self.style: BeamStyle = style if beam > 1 else "shrinking"  # beam 1: greedy (module docstring)
+        self.width = 2 * beam if self.style == "paper" else beam  # extensions looked at per sentence
+        self.decoder: IncrementalDecoder | FullForwardDecoder | None = None  # None: no sentence decoding
+        self.ids: list[int] = []  # the caller's key of each sentence decoding
+        self.common: int | None = 0  # the step of every sentence, while they all have the same
+        # lp(L) for every length, as Python computes it (the bound at `step` of a late sentence)
+        self.lp = torch.tensor([length_penalty(float(n), lenpen) for n in range(model.cfg.max_positions + 2)],
+                               dtype=torch.float64)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @torch.inference_mode()
+    def join(self, src: Tensor, ids: Sequence[int]) -> None:
+        """Sentences src (B', S) (right-padded source ids, each ending in EOS) start decoding at the
+        next step; `ids` name them in what `step` returns."""
+        B, device = src.shape[0], src.device
+        max_len = max_output_lengths((src != PAD).sum(1) - 1, self.max_len_a, self.max_len_b,
+                                     self.model.cfg.max_positions)
+        final_lp = length_penalty(max_len.double() + 1, self.lenpen)  # the best lp still reachable
+        if self.decoder is None:
+            self.decoder = (IncrementalDecoder if self.cached else FullForwardDecoder)(self.model, src)
+            self.ids, self.common, self.age = list(ids), 0, torch.zeros(B, dtype=torch.long, device=device)
+            self.max_len, self.final_lp = max_len, final_lp
+            self.scores = torch.zeros(B, 1, device=device)  # (B, W) log P of each live slot; -inf: empty
+            self.tokens = torch.full((B,), BOS, device=device)  # (N,) the newest token of each decoder row
+            self.history = torch.zeros(B, 0, dtype=torch.long, device=device)  # (N, t) tokens so far
+            self.finished = _Finished(B, self.nbest, device)
+            self.n_finished = torch.zeros(B, dtype=torch.long, device=device)
+            self.beams: Beams | None = None  # the rows' slots when some are empty; None: a row per slot
+            return
+        assert isinstance(self.decoder, IncrementalDecoder) and self.constraint is None, \
+            "only an incremental search without a constraint takes sentences while it runs"
+        self.decoder.join(src)
+        W = self.scores.shape[1]
+        live = (torch.ones_like(self.scores, dtype=torch.bool) if self.beams is None
+                else self.beams.row < len(self.tokens))
+        fresh = torch.full((B, W), -math.inf, device=device)
+        fresh[:, 0] = 0.0
+        self.scores = torch.cat([self.scores, fresh])
+        live = torch.cat([live, fresh == 0.0])
+        self.beams = None if W == 1 and self.beams is None else Beams.of(live)
+        self.tokens = torch.cat([self.tokens, torch.full((B,), BOS, device=device)])
+        self.history = torch.cat([self.history, self.history.new_full((B, self.history.shape[1]), PAD)])
+        self.ids += list(ids)
+        self.common = 0 if self.common == 0 else None
+        self.age = torch.cat([self.age, torch.zeros_like(max_len)])
+        self.max_len, self.final_lp = torch.cat([self.max_len, max_len]), torch.cat([self.final_lp, final_lp])
+        self.n_finished = torch.cat([self.n_finished, torch.zeros_like(max_len)])
+        self.finished.join(B)
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[int, list[Hypothesis]]]:
+        """One decoder step of every sentence: (id, n-best) of those whose n-best it settles, which
+        leave the search."""
+        assert self.decoder is not None
+        beams, scores, history, age, step = self.beams, self.scores, self.history, self.age, self.common
+        B, W, device = scores.shape[0], scores.shape[1], scores.device
+        row_sentence = (lambda: torch.arange(B, device=device).repeat_interleave(W) if beams is None  # noqa: E731
+                        else beams.sentence())
+        position = step if step is not None else age[row_sentence()]
+        allowed = None
+        if self.constraint is not None:
+            row = row_sentence()
+            allowed = self.constraint.allowed(history, torch.as_tensor(self.ids, device=device)[row],
+                                              self.max_len[row] - age[row] - 1)
+        best = self.decoder.step(self.tokens, history, position, beams, self.width, allowed)
+        values, slots, new_tokens = extensions(best, scores, self.width, age >= self.max_len, beams)
+        rows = torch.arange(B, device=device)[:, None] * W + slots  # (B, k)
+        if beams is not None:  # the decoder row each extends (an empty slot has none: N, and is never kept)
+            rows = beams.row.view(-1)[rows]
+        ends, going_on = chosen(self.style, values, new_tokens, self.beam, self.n_finished)
+        if self.stop == "beam":  # no more than `beam` finished a sentence, the best first (fairseq's)
+            ends &= ends.cumsum(1) <= (self.beam - self.n_finished)[:, None]
+        b, j = ends.nonzero().unbind(1)  # one gather and one copy to Python for all that finish
+        outputs = history[rows[b, j]].tolist()
+        if step is None:  # a younger row's tokens are its last `age`
+            outputs = [output[len(output) - n :] for output, n in zip(outputs, age[b].tolist(), strict=True)]
+        for sentence, output, log_prob in zip(b.tolist(), outputs, values[b, j].tolist(), strict=True):
+            self.finished.add(sentence, output, log_prob, self.lenpen)
+        self.n_finished += ends.sum(1)
+        best_lp = (self.final_lp.clamp(min=length_penalty(step + 2.0, self.lenpen)) if step is not None
+                   else torch.maximum(self.final_lp, self.lp.to(device)[age + 2]))
+        nth_best = self.finished.nth_best.double()
+        if self.style == "paper" and self.stop == "bound":  # hopeless ones leave the beam (module docstring)
+            going_on &= values.double() / best_lp[:, None] > nth_best[:, None]
+        live, scores, rows, new_tokens = live_first(going_on, values, rows, new_tokens)
+        done = ~live[:, 0] | (nth_best >= scores[:, 0].double() / best_lp)
+        if self.stop == "beam":
+            done |= self.n_finished >= self.beam
+        if not bool(done.any()):
+            keep, settled = None, []
+        else:
+            gone = done.nonzero()[:, 0].tolist()
+            settled = [(self.ids[i], self.finished.hypotheses[i][: self.nbest]) for i in gone]
+            if len(gone) == B:
+                self.decoder, self.ids = None, []
+                return settled
+            keep = (~done).nonzero()[:, 0]
+            indices = keep.tolist()
+            live, rows, new_tokens, scores = live[keep], rows[keep], new_tokens[keep], scores[keep]
+            self.ids = [self.ids[i] for i in indices]
+            self.finished.keep(keep, indices)
+            self.max_len, self.final_lp = self.max_len[keep], self.final_lp[keep]
+            self.n_finished, age = self.n_finished[keep], age[keep]
+        if bool(live.all()):
+            self.beams, rows, self.tokens = None, rows.reshape(-1), new_tokens.reshape(-1)
+        else:  # sentences with fewer live hypotheses than others: their empty slots get no row
+            self.beams = Beams.of(live)
+            rows, self.tokens = rows[live], new_tokens[live]
+        self.scores = scores
+        history = torch.cat([history.index_select(0, rows), self.tokens[:, None]], dim=1)
+        self.decoder.reorder(rows, keep)
+        self.age = age + 1
+        if step is not None:
+            self.common = step + 1
+        elif keep is not None:  # the oldest may have left: drop the columns no row reads
+            oldest = int(self.age.max())
+            if oldest < history.shape[1]:
+                history = history[:, history.shape[1] - oldest :]
+                self.decoder.trim(oldest)
+            if bool((self.age == oldest).all()):
+                self.common = oldest
+        self.history = history
+        return settled
 
 
 @torch.inference_mode()
@@ -194,62 +362,14 @@ def beam_search(model: SearchModel, src: Tensor, *, beam: int, nbest: int, lenpe
     search re-running the full model at every step (for speed comparisons). `style`, `stop`: see the
     module docstring. `constraint`: the only tokens each hypothesis may continue with (see `Constraint`).
     """
-    assert 1 <= nbest <= beam
-    style = style if beam > 1 else "shrinking"  # beam 1: greedy (see the module docstring)
-    width = 2 * beam if style == "paper" else beam  # extensions looked at per sentence and step
-    B, device = src.shape[0], src.device
-    decoder = (IncrementalDecoder if cached else FullForwardDecoder)(model, src)
-    max_len = max_output_lengths((src != PAD).sum(1) - 1, max_len_a, max_len_b, model.cfg.max_positions)
-    # The best length penalty any live hypothesis can still reach (see the module docstring).
-    final_lp = length_penalty(max_len.double() + 1, lenpen)
-    sentences = torch.arange(B, device=device)  # original index of each sentence still decoding
-    scores = torch.zeros(B, 1, device=device)  # (B, W) log P of each live slot; -inf: empty
-    tokens = torch.full((B,), BOS, device=device)  # (N,) the newest token of each decoder row (live slot)
-    history = torch.zeros(B, 0, dtype=torch.long, device=device)  # (N, t) tokens so far
-    finished = _Finished(B, nbest, device)
-    n_finished = torch.zeros(B, dtype=torch.long, device=device)
-    beams: Beams | None = None  # the decoder rows' slots when some slots are empty; None: one row per slot
-    for step in range(int(max_len.max()) + 1):
-        allowed = None
-        if constraint is not None:
-            row = (torch.arange(len(sentences), device=device).repeat_interleave(scores.shape[1])
-                   if beams is None else beams.sentence())
-            allowed = constraint.allowed(history, sentences[row], max_len[row] - step - 1)
-        best = decoder.step(tokens, history, step, beams, width, allowed)
-        values, slots, new_tokens = extensions(best, scores, width, step >= max_len, beams)
-        rows = torch.arange(len(sentences), device=device)[:, None] * scores.shape[1] + slots  # (B, k)
-        if beams is not None:  # the decoder row each extends (an empty slot has none: N, and is never kept)
-            rows = beams.row.view(-1)[rows]
-        ends, going_on = chosen(style, values, new_tokens, beam, n_finished)
-        if stop == "beam":  # no more than `beam` finished a sentence, the best first (fairseq's)
-            ends &= ends.cumsum(1) <= (beam - n_finished)[:, None]
-        b, j = ends.nonzero().unbind(1)  # one gather and one copy to Python for all that finish
-        for sentence, output, log_prob in zip(sentences[b].tolist(), history[rows[b, j]].tolist(),
-                                              values[b, j].tolist(), strict=True):
-            finished.add(sentence, output, log_prob, lenpen)
-        n_finished += ends.sum(1)
-        best_lp = final_lp.clamp(min=length_penalty(step + 2.0, lenpen))
-        if style == "paper" and stop == "bound":  # hopeless hypotheses leave the beam (module docstring)
-            going_on &= values.double() / best_lp[:, None] > finished.nth_best[sentences].double()[:, None]
-        live, scores, rows, new_tokens = live_first(going_on, values, rows, new_tokens)
-        bound = scores[:, 0].double() / best_lp
-        done = ~live[:, 0] | (finished.nth_best[sentences].double() >= bound)
-        if stop == "beam":
-            done |= n_finished >= beam
-        if bool(done.all()):
-            break
-        keep = (~done).nonzero()[:, 0] if bool(done.any()) else None
-        if keep is not None:
-            live, rows, new_tokens, scores = live[keep], rows[keep], new_tokens[keep], scores[keep]
-            sentences, max_len, final_lp, n_finished = (sentences[keep], max_len[keep], final_lp[keep],
-                                                        n_finished[keep])
-        if bool(live.all()):
-            beams, rows, tokens = None, rows.reshape(-1), new_tokens.reshape(-1)
-        else:  # sentences with fewer live hypotheses than others: their empty slots get no row
-            beams, rows, tokens = Beams.of(live), rows[live], new_tokens[live]
-        history = torch.cat([history.index_select(0, rows), tokens[:, None]], dim=1)
-        decoder.reorder(rows, keep)
-    return [found[:nbest] for found in finished.hypotheses]
+    search = Search(model, beam=beam, nbest=nbest, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b,
+                    cached=cached, style=style, stop=stop, constraint=constraint)
+    search.join(src, range(src.shape[0]))
+    results: list[list[Hypothesis]] = [[] for _ in range(src.shape[0])]
+    while len(search):
+        for i, found in search.step():
+            results[i] = found
+    return results
 
 
 # The compiled `next_tokens` of each model `compile_decoder` was called for.
@@ -329,17 +449,11 @@ def translate_ids(model: SearchModel, sources: Sequence[Sequence[int]], cfg: Tra
     sizes = np.array([len(s) for s in sources], dtype=np.int64)
     assert sizes.min() >= 1 and sizes.max() <= model.cfg.max_positions
 
-    def padded(batch: np.ndarray) -> Tensor:
-        src = torch.full((len(batch), int(sizes[batch].max())), PAD, dtype=torch.long)
-        for row, i in enumerate(batch.tolist()):
-            src[row, : sizes[i]] = torch.as_tensor(sources[i])
-        return src
+    def padded_batch(batch: np.ndarray) -> Tensor:
+        return padded([sources[i] for i in batch.tolist()])
 
     def search(batch: np.ndarray) -> list[list[Hypothesis]]:
-        return beam_search(model, padded(batch).to(device), beam=cfg.beam, nbest=cfg.nbest,
-                           lenpen=Penalty(cfg.lenpen, cfg.length_penalty),
-                           max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b, cached=cached,
-                           style=cfg.beam_style, stop=cfg.stop,
+        return beam_search(model, padded_batch(batch).to(device), **search_settings(cfg), cached=cached,
                            constraint=None if constraint is None else constraint.select(batch.tolist()))
 
     def record(batch: np.ndarray, hypotheses: list[list[Hypothesis]]) -> None:
@@ -356,7 +470,7 @@ def translate_ids(model: SearchModel, sources: Sequence[Sequence[int]], cfg: Tra
         return results
     with contextlib.ExitStack() as stack:
         if replicas is not None:  # they search without a constraint (the translator says so)
-            submit = lambda batch: replicas.submit(padded(batch))  # noqa: E731
+            submit = lambda batch: replicas.submit(padded_batch(batch))  # noqa: E731
         else:
             submit = functools.partial(stack.enter_context(ThreadPoolExecutor(workers)).submit, search)
         running = {submit(batch): batch for batch in itertools.islice(batches, workers)}
@@ -367,6 +481,25 @@ def translate_ids(model: SearchModel, sources: Sequence[Sequence[int]], cfg: Tra
                 if (batch := next(batches, None)) is not None:
                     running[submit(batch)] = batch
     return results
+
+
+def padded(sources: Sequence[Sequence[int]]) -> Tensor:
+    """Token-id sequences as one (B, S) batch, right-padded with PAD."""
+    src = torch.full((len(sources), max(map(len, sources))), PAD, dtype=torch.long)
+    for row, ids in enumerate(sources):
+        src[row, : len(ids)] = torch.as_tensor(ids)
+    return src
+
+
+def search_settings(cfg: TranslateConfig) -> dict[str, Any]:
+    """`beam_search`'s (and `Search`'s) settings from a translation's config."""
+    return dict(beam=cfg.beam, nbest=cfg.nbest, lenpen=Penalty(cfg.lenpen, cfg.length_penalty),
+                max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b, style=cfg.beam_style, stop=cfg.stop)
+
+
+def joinable(model: SearchModel) -> bool:
+    """Whether sentences can join a `Search` of `model` while it runs: a Transformer's, not compiled."""
+    return isinstance(model, Transformer) and model not in _compiled
 
 
 def cpu_workers(threads: int) -> int:

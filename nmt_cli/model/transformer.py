@@ -45,11 +45,17 @@ class Cache:
     where this step writes. Keeping the surviving beams therefore copies that table of indices, not the
     keys and values: the copy of every row's cache at every step grew with the length and took 10-18%
     of a beam search's step (benchmarks/README.md, "int8").
+
+    Rows may join while others decode (`join`: a server's search, `inference.search.Search`). The
+    table is right-aligned, each row's newest entry in its last column; `valid` (N, t + 1), None while
+    every row has every column, is False where a row had not joined yet, and attention leaves those
+    columns out.
     """
 
     def __init__(self, layers: list[dict[str, Tensor]]) -> None:
         self.layers = layers
         self.rows: Tensor | None = None  # None until the first step
+        self.valid: Tensor | None = None  # see the class docstring
         self.filled = 0  # pool entries written before this step's
         self.written = False  # whether this step's column has been written (decode_step ran)
 
@@ -61,15 +67,36 @@ class Cache:
         """After a step: keep rows `order` (N') for the next one."""
         kept = self.rows.index_select(0, order)
         self.filled += self.rows.shape[0]
-        self._open_column(kept)
+        self._open_column(kept, None if self.valid is None else self.valid.index_select(0, order))
 
-    def _open_column(self, kept: Tensor) -> None:
-        """The rows' table of entries `kept` (N', t), with a fresh column of entries to write."""
+    def join(self, n: int) -> None:
+        """Before a step: `n` new rows, after the others, with nothing cached yet."""
+        if self.rows is None:  # no step yet: the first one starts them all
+            return
+        kept, t = self.rows[:, :-1], self.rows.shape[1] - 1
+        valid = torch.ones_like(kept, dtype=torch.bool) if self.valid is None else self.valid[:, :-1]
+        self._open_column(torch.cat([kept, kept.new_zeros(n, t)]),
+                          torch.cat([valid, valid.new_zeros(n, t)]))
+
+    def trim(self, columns: int) -> None:
+        """Keep only the last `columns` columns of the table: no row reads further back."""
+        self.rows = self.rows[:, -columns:]
+        if self.valid is not None:
+            self.valid = self.valid[:, -columns:]
+            if bool(self.valid.all()):
+                self.valid = None
+
+    def _open_column(self, kept: Tensor, valid: Tensor | None = None) -> None:
+        """The rows' table of entries `kept` (N', t) (`valid` where they hold one, None: all), with a
+        fresh column of entries to write."""
         n = kept.shape[0]
         if self.filled + n > self.layers[0]["k"].shape[0]:
             kept = self._make_room(kept, n)
         fresh = torch.arange(self.filled, self.filled + n, device=kept.device)
         self.rows, self.written = torch.cat([kept, fresh[:, None]], dim=1), False
+        if valid is not None:
+            valid = torch.cat([valid, valid.new_ones(n, 1)], dim=1)
+        self.valid = valid
 
     def _make_room(self, kept: Tensor, n: int) -> Tensor:
         """New pools with room for `n` more entries and as many again (the table grows by doubling):
@@ -256,23 +283,25 @@ class DecoderLayer(nn.Module):
         self.self_block, self.cross_block, self.ffn_block = Residual(cfg), Residual(cfg), Residual(cfg)
 
     def forward(self, x: Tensor, enc: Encoded, cache: dict[str, Tensor] | None,
-                beams: Slots | None = None, rows: Tensor | None = None, filled: int = 0) -> Tensor:
-        """x (B, T, D) -> (B, T, D). With a cache (one layer's of `Cache`, with its `rows` and
-        `filled`), x is the newest position only (T = 1)."""
-        x = self.self_block(x, lambda h: self._self_attention(h, cache, rows, filled))
+                beams: Slots | None = None, rows: Tensor | None = None, filled: int = 0,
+                valid: Tensor | None = None) -> Tensor:
+        """x (B, T, D) -> (B, T, D). With a cache (one layer's of `Cache`, with its `rows`, `filled`
+        and `valid`), x is the newest position only (T = 1)."""
+        x = self.self_block(x, lambda h: self._self_attention(h, cache, rows, filled, valid))
         x = self.cross_block(x, lambda h: self._cross_attention(h, enc, cache, beams))
         return self.ffn_block(x, self.ffn)
 
     def _self_attention(self, h: Tensor, cache: dict[str, Tensor] | None, rows: Tensor | None,
-                        filled: int) -> Tensor:
+                        filled: int, valid: Tensor | None) -> Tensor:
         q, k, v = self.self_attn.qkv(h)
         if cache is None:  # whole target at once: position t sees positions <= t (causal mask)
             return self.self_attn.attend(q, k, v, causal=True)
         # One new position, written to its pool entries (rows[:, -1], the next len(rows) after the
-        # `filled` ones): it sees everything cached so far, no mask needed.
+        # `filled` ones): it sees everything cached so far, all of it unless rows joined late (`valid`).
         cache["k"][filled : filled + len(rows)] = k[:, :, 0]
         cache["v"][filled : filled + len(rows)] = v[:, :, 0]
-        return self.self_attn.attend(q, cache["k"], cache["v"], cached=True, rows=rows)
+        mask = None if valid is None else valid[:, None, None, :]
+        return self.self_attn.attend(q, cache["k"], cache["v"], mask, cached=True, rows=rows)
 
     def _cross_attention(self, h: Tensor, enc: Encoded, cache: dict[str, Tensor] | None,
                          beams: Slots | None) -> Tensor:
@@ -341,9 +370,11 @@ class Transformer(nn.Module):
                 table.weight[PAD].zero_()
         return table
 
-    def _embed(self, tokens: Tensor, start: int = 0, source: bool = False) -> Tensor:  # (B, L) -> (B, L, D)
+    def _embed(self, tokens: Tensor, start: int | Tensor = 0, source: bool = False) -> Tensor:
+        """(B, L) -> (B, L, D), the positions from `start`, or row b's from start[b] (a Tensor (B,))."""
         length = tokens.shape[1]
-        if start + length > self.cfg.max_positions:
+        if not isinstance(start, Tensor) and start + length > self.cfg.max_positions:  # a Tensor: the
+            # decoder's steps, whose positions the search bounds
             raise ValueError(f"sequence of {start + length} tokens exceeds "
                              f"max_positions={self.cfg.max_positions}")
         if self.cfg.positions == "learned":
@@ -355,7 +386,8 @@ class Transformer(nn.Module):
             # reads BOS, MarianMT's PAD
             tokens = tokens.masked_fill(tokens == BOS, EOS if self.cfg.decoder_start == "eos" else PAD)
         embed = self.src_embed if source and self.cfg.share_embeddings != "all" else self.embed
-        x = embed(tokens) * math.sqrt(self.cfg.d_model) + table[start : start + length]
+        positions = table[start][:, None] if isinstance(start, Tensor) else table[start : start + length]
+        x = embed(tokens) * math.sqrt(self.cfg.d_model) + positions
         return self.embed_dropout(x)
 
     def encode(self, src: Tensor) -> Encoded:
@@ -400,25 +432,44 @@ class Transformer(nn.Module):
         the self-attention's, with room for a few steps of the B sentences (they grow as needed)."""
         layers = []
         B, device, dtype = enc.memory.shape[0], enc.memory.device, enc.memory.dtype
-        for layer in self.decoder:
-            # contiguous: every step's matrix product reads them as they are
-            k, v = layer.cross_attn.keys_values(enc.memory)
+        for layer, (k, v) in zip(self.decoder, self._memory_keys_values(enc), strict=True):
             attn = layer.self_attn
             widths = [width // attn.heads for width in attn.widths[1:]]
-            layers.append({"memory_k": k.contiguous(), "memory_v": v.contiguous(),
+            layers.append({"memory_k": k, "memory_v": v,
                            **{name: torch.empty(16 * B, attn.heads, width, device=device, dtype=dtype)
                               for name, width in zip(("k", "v"), widths, strict=True)}})
         return Cache(layers)
 
-    def decode_step(self, tokens: Tensor, step: int, enc: Encoded, cache: Cache,
+    def _memory_keys_values(self, enc: Encoded) -> list[tuple[Tensor, Tensor]]:
+        """Each decoder layer's cross-attention keys and values over the encoder output, contiguous:
+        every step's attention reads them as they are."""
+        return [tuple(t.contiguous() for t in layer.cross_attn.keys_values(enc.memory))  # type: ignore[misc]
+                for layer in self.decoder]
+
+    def join(self, enc: Encoded, cache: Cache, new: Encoded) -> tuple[Encoded, Cache]:
+        """The sentences of `new` join those of `enc` and `cache` (B + B' sentences, the new ones
+        last, one decoder row each, at their first step: `Cache.join`). The encoder states are padded
+        to the longer of the two (padding is masked), and the old ones lose padding no sentence needs
+        any longer."""
+        length = max(int(enc.mask.sum(-1).max()), new.memory.shape[1])
+        for layer, added in zip(cache.layers, self._memory_keys_values(new), strict=True):
+            for name, keys in zip(("memory_k", "memory_v"), added, strict=True):
+                layer[name] = torch.cat([_to_length(layer[name], 2, length), _to_length(keys, 2, length)])
+        enc = Encoded(torch.cat([_to_length(enc.memory, 1, length), _to_length(new.memory, 1, length)]),
+                      torch.cat([_to_length(enc.mask, 3, length), _to_length(new.mask, 3, length)]))
+        cache.join(new.memory.shape[0])
+        return enc, cache
+
+    def decode_step(self, tokens: Tensor, step: int | Tensor, enc: Encoded, cache: Cache,
                     beams: Slots | None = None) -> Tensor:
-        """tokens (N,) at target position `step` (0 for BOS) -> logits (N, V) of the next token. Rows
+        """tokens (N,) at target position `step` (0 for BOS; a Tensor (N,): each row's, where rows
+        joined at different steps) -> logits (N, V) of the next token. Rows
         are grouped by sentence: without `beams`, N = B * beam and rows b * beam ... (b + 1) * beam - 1
         belong to sentence b of `enc` (B sentences; beam may be 1); `beams` says where they are when
         sentences have different numbers of them."""
         return self.logits(self.decode_hidden(tokens, step, enc, cache, beams))
 
-    def decode_hidden(self, tokens: Tensor, step: int, enc: Encoded, cache: Cache,
+    def decode_hidden(self, tokens: Tensor, step: int | Tensor, enc: Encoded, cache: Cache,
                       beams: Slots | None = None) -> Tensor:
         """`decode_step` up to the output projection: the decoder's output (N, D)."""
         if cache.rows is None:
@@ -428,7 +479,7 @@ class Transformer(nn.Module):
         cache.written = True
         x = self._embed(tokens[:, None], start=step)  # (N, 1, D)
         for layer, layer_cache in zip(self.decoder, cache.layers, strict=True):
-            x = layer(x, enc, layer_cache, beams, cache.rows, cache.filled)
+            x = layer(x, enc, layer_cache, beams, cache.rows, cache.filled, cache.valid)
         return self.decoder_norm(x[:, 0])
 
     @staticmethod
@@ -445,6 +496,13 @@ class Transformer(nn.Module):
         if sentences is not None:
             enc = Encoded(enc.memory.index_select(0, sentences), enc.mask.index_select(0, sentences))
         return enc, cache
+
+
+def _to_length(x: Tensor, dim: int, length: int) -> Tensor:
+    """x cut or zero-padded (False for a mask) along `dim` to `length`."""
+    if x.shape[dim] >= length:
+        return x.narrow(dim, 0, length)
+    return F.pad(x, [0, 0] * (x.dim() - 1 - dim) + [0, length - x.shape[dim]])
 
 
 def build_model(cfg: ModelConfig, dictionary: Dictionary, weights: Mapping[str, Tensor] | None = None,
