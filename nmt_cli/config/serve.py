@@ -30,7 +30,8 @@ class ServeConfig(TranslateConfig):
                                 "give one (api_key)", flag="--api-keys")
     max_batch_tokens: int = opt(
         6000, "a batch is searched once its sentences hold this many source tokens, padding included "
-        "(or --max-wait-ms after its first sentence); 1: one sentence a batch (no batching)",
+        "(or --max-wait-ms after its first sentence), and sentences waiting join a running search after "
+        "each step up to this many; 1: one sentence a search (no batching)",
         flag="--max-batch-tokens", at_least=1)
     max_wait_ms: float = opt(10.0, "how long a batch waits for more sentences after its first",
                              flag="--max-wait-ms", at_least=0)

@@ -38,7 +38,15 @@ from nmt_cli.inference import ct2
 from nmt_cli.inference.beams import SearchModel
 from nmt_cli.inference.ensemble import Ensemble, check_members
 from nmt_cli.inference.replicas import Replicas, describe
-from nmt_cli.inference.search import compile_decoder, cpu_workers, translate_ids
+from nmt_cli.inference.search import (
+    Search,
+    compile_decoder,
+    cpu_workers,
+    joinable,
+    padded,
+    search_settings,
+    translate_ids,
+)
 from nmt_cli.inference.trees import TreeConstraint, TreeSymbols, as_tree_line
 from nmt_cli.model import file as model_file
 from nmt_cli.model import int8, kernels, native
@@ -203,6 +211,15 @@ class Translator:
             return self.as_trees(lines, results, first_number)
         return results
 
+    def running(self) -> RunningSearch | None:
+        """A search that sentences join while it runs, with this translator's settings (a server's
+        search thread: serve/batcher.py); None where there is none: another engine's search, worker
+        processes, a compiled decoder, an ensemble, trees held to their form."""
+        if (self.search is not None or self.replicas is not None or self.tree_symbols is not None
+                or self.cfg.output_format == "tree" or not joinable(self.model)):
+            return None
+        return RunningSearch(self)
+
     def format(self, results: list[list[tuple[float, str]]], first_number: int) -> str:
         """The output lines of `results` (see the module docstring), each ending in LF."""
         k = self.cfg.nbest
@@ -213,6 +230,26 @@ class Translator:
             padded = found + [(float("-inf"), "")] * (k - len(found))
             out += [f"{first_number + i}\t{score:.4f}\t{text}\n" for score, text in padded]
         return "".join(out)
+
+
+class RunningSearch:
+    """`search.Search` over source ids (`Translator.encode`), answering with texts as `translate` does."""
+
+    def __init__(self, translator: Translator) -> None:
+        self.translator, self.device = translator, next(translator.model.parameters()).device
+        self.search = Search(translator.model, **search_settings(translator.cfg))
+
+    def __len__(self) -> int:
+        return len(self.search)
+
+    def join(self, keys: Sequence[int], sources: Sequence[Sequence[int]]) -> None:
+        """Sources (each more than EOS) start at the next step, `keys` naming them."""
+        self.search.join(padded(sources).to(self.device), keys)
+
+    def step(self) -> list[tuple[int, list[tuple[float, str]]]]:
+        """One step: (key, n-best (score, text), best first) of the sentences it settles."""
+        return [(key, [(h.score, self.translator.decode(h.tokens)) for h in found])
+                for key, found in self.search.step()]
 
 
 def _stderr_warn(message: str) -> None:

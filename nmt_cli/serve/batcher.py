@@ -1,19 +1,24 @@
 """Dynamic batching: the sentences of every request for one model in one bounded queue, searched in
-batches as `nmt translate` searches a file.
+batches as `nmt translate` searches a file, and joining the searches that run (iteration-level
+batching).
 
 Why: a beam-search step costs nearly the same for one sentence as for dozens (the batch's rows run
 through the same matrix products), so a server that searches each request alone, as LibreTranslate
 and OpenNMT-py's server do, gets a fraction of a batch job's throughput under load. Here a batch is
 formed once it holds `max_batch_tokens` source tokens, padding included, or `max_wait` seconds after
-its oldest sentence, whichever comes first, and goes to `Translator.translate`, the code path of
-`nmt translate`. On a CPU, `nmt translate` searches `threads` batches at once, one torch thread
-each; here so do `threads` search threads, each taking its own batch from the queue (an equal share
-of what waits when several are idle), so that while one searches, the clients it answered send
-their next sentences for another: the cores stay busy without every client waiting for the slowest
-sentence of one large batch. A sentence's search does not depend on what it is batched with
-(padding is masked), so its translation is `nmt translate`'s: exactly in fp32 and int8; in bf16 the
-matrix products round with the number of rows, so a near-tie may go otherwise, as in `nmt translate`
-itself when its batches change (README.md, "Serving").
+its oldest sentence, whichever comes first, and is searched by `nmt translate`'s search
+(`inference.search.Search`, which its `beam_search` steps through). On a CPU, `nmt translate`
+searches `threads` batches at once, one torch thread each; here so do `threads` search threads, each
+taking its own batch from the queue (an equal share of what waits when several are idle). A search
+does not wait for its batch's longest sentence before answering the others, and does not end with
+it: each sentence is answered as soon as its n-best is settled, and after every step the sentences
+waiting join the running search (up to the thread's share of all in flight and `max_batch_tokens`;
+`inference.search.Search`), so its rows stay full while one-sentence clients come and go. Where a
+translator has no such search (an exported CTranslate2 model, an ensemble, a compiled decoder), its
+batches are searched whole by `Translator.translate`. A sentence's search does not depend on what it
+is batched with (padding is masked), so its translation is `nmt translate`'s: exactly in fp32 and
+int8; in bf16 the matrix products round with the number of rows, so a near-tie may go otherwise, as
+in `nmt translate` itself when its batches change (README.md, "Serving").
 
 Bounded: at most `max_queue` sentences wait (`submit` refuses a request beyond that at once); a job
 that is cancelled (its client timed out or went away) has its waiting sentences dropped before they
@@ -24,13 +29,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from nmt_cli.inference.translate import Translator
+import torch
+
+from nmt_cli.inference.translate import RunningSearch, Translator
 from nmt_cli.serve.metrics import Metrics
 
 Result = list[tuple[float, str]]  # a text's n-best (score, translation), best first
@@ -73,8 +81,12 @@ class Job:
 class _Item:
     job: Job
     index: int
-    tokens: int  # source pieces with EOS: what the sentence costs in a batch
+    ids: list[int]  # source ids with EOS (`Translator.encode`)
     arrived: float
+
+    @property
+    def tokens(self) -> int:  # what the sentence costs in a batch
+        return len(self.ids)
 
 
 class Batcher:
@@ -90,8 +102,9 @@ class Batcher:
         self.views: dict[Settings, Translator] = {}  # the translator with each request's settings
         # the batches `nmt translate` searches at once (on a CPU, `threads`), each by its own thread
         self.searchers, self.idle = translator.workers, translator.workers
+        self.load = [0] * self.searchers  # the sentences each search thread's running search holds
         for i in range(self.searchers):
-            threading.Thread(target=self._loop, name=f"search-{pair}-{i}", daemon=True).start()
+            threading.Thread(target=self._loop, args=(i,), name=f"search-{pair}-{i}", daemon=True).start()
 
     def submit(self, job: Job) -> None:
         """Queue `job`'s texts (blank ones are answered at once, as `nmt translate` answers them: no
@@ -101,7 +114,7 @@ class Batcher:
         items = []
         for i, text in enumerate(job.texts):
             if text.strip():
-                items.append(_Item(job, i, len(self.translator.encode(text, i + 1)), now))
+                items.append(_Item(job, i, self.translator.encode(text, i + 1), now))
             else:
                 job.results[i] = []
         job.left = len(items)
@@ -126,12 +139,16 @@ class Batcher:
             self.draining = True
             self.lock.notify()
 
-    def _loop(self) -> None:
-        with self.translator.keeping_packed_weights():
+    def _loop(self, index: int) -> None:
+        with self.translator.keeping_packed_weights(), torch.inference_mode():
             while True:
                 batch = self._next_batch()
                 try:
-                    self._search(batch)
+                    running = self._view(batch[0].job.settings).running()
+                    if running is None:
+                        self._search(batch)
+                    else:
+                        self._run(batch, running, index)
                 finally:
                     with self.lock:
                         self.idle += 1
@@ -180,26 +197,89 @@ class Batcher:
             self.metrics.queue_depth[self.pair] = len(kept)
 
     def _search(self, batch: list[_Item]) -> None:
+        """The batch through `Translator.translate`, all of it answered when its search ends."""
         translator = self._view(batch[0].job.settings)
         start = time.perf_counter()
         try:
             found = translator.translate([item.job.texts[item.index] for item in batch])
         except Exception:  # a bug or out of memory: its requests fail (500), the server goes on
-            traceback.print_exc()
-            for job in {item.job for item in batch}:
-                if not job.cancelled:
-                    job.cancel()
-                    job.done(None)
-            self.metrics.count_sentences(self.pair, "failed", len(batch))
+            self._fail(batch)
             return
         self.metrics.observe_batch(self.pair, len(batch), time.perf_counter() - start)
         for item, result in zip(batch, found, strict=True):
-            job = item.job
+            self._deliver(item, result)
+        self.metrics.count_sentences(self.pair, "translated", len(batch))
+
+    def _run(self, batch: list[_Item], running: RunningSearch, index: int) -> None:
+        """The batch in a running search that the waiting sentences of its settings join after every
+        step, up to this thread's share of the sentences in flight and `max_batch_tokens` padded
+        tokens (iteration-level batching); each answered as soon as its n-best is settled."""
+        settings, members, keys = batch[0].job.settings, dict[int, _Item](), itertools.count()
+        items, joining = batch, []
+        try:
+            while True:
+                joining = [item for item in items if len(item.ids) > 1]  # more than EOS
+                for item in items:
+                    if len(item.ids) <= 1:  # no piece the model reads: no hypothesis, as `translate` gives
+                        self._deliver(item, [])
+                if joining:
+                    numbered = [(next(keys), item) for item in joining]
+                    running.join([key for key, _ in numbered], [item.ids for item in joining])
+                    members.update(numbered)
+                    self.metrics.observe_batch(self.pair, len(joining), 0.0)
+                joining = []
+                if not members:
+                    return
+                start = time.perf_counter()
+                settled = running.step()
+                self.metrics.observe_step(self.pair, len(members), time.perf_counter() - start)
+                for key, result in settled:
+                    self._deliver(members.pop(key), result)
+                self.metrics.count_sentences(self.pair, "translated", len(settled))
+                with self.lock:
+                    self.load[index] = len(members)
+                    items = self._joining(settings, list(members.values()), index)
+                if not members and not items:
+                    return
+        except Exception:  # a bug or out of memory: its requests fail (500), the server goes on
+            self._fail([*members.values(), *joining])
+        finally:
+            with self.lock:
+                self.load[index] = 0
+
+    def _joining(self, settings: Settings, members: list[_Item], index: int) -> list[_Item]:
+        """Of the sentences waiting, in order of arrival, those that join this thread's running search
+        (of `members`) now: of its `settings`, while it holds fewer than its share of all in flight
+        and fits `max_batch_tokens` (the longest source times the count, as `_fill` counts)."""
+        self._drop_cancelled()
+        share = -(-(sum(self.load) + len(self.pending)) // self.searchers)
+        longest, size, taken = max((item.tokens for item in members), default=0), len(members), 0
+        for item in self.pending:
+            if item.job.settings != settings or size >= share:
+                break
+            if size and max(longest, item.tokens) * (size + 1) > self.max_batch_tokens:
+                break
+            longest, size, taken = max(longest, item.tokens), size + 1, taken + 1
+        joining, self.pending = self.pending[:taken], self.pending[taken:]
+        self.metrics.queue_depth[self.pair] = len(self.pending)
+        return joining
+
+    def _deliver(self, item: _Item, result: Result) -> None:
+        job = item.job
+        with self.lock:  # a request's texts may be searched by several threads
             job.results[item.index] = result
             job.left -= 1
-            if job.left == 0 and not job.cancelled:
-                job.done(job.results)  # type: ignore[arg-type]
-        self.metrics.count_sentences(self.pair, "translated", len(batch))
+            last = job.left == 0
+        if last and not job.cancelled:
+            job.done(job.results)  # type: ignore[arg-type]
+
+    def _fail(self, items: list[_Item]) -> None:
+        traceback.print_exc()
+        for job in {item.job for item in items}:
+            if not job.cancelled:
+                job.cancel()
+                job.done(None)
+        self.metrics.count_sentences(self.pair, "failed", len(items))
 
     def _view(self, settings: Settings) -> Translator:
         """The translator searching with `settings`: the same loaded model, its config with the

@@ -43,6 +43,7 @@ class Metrics:
         self.sentences: Counter[tuple[str, str]] = Counter()  # (pair, outcome)
         self.queue_depth: dict[str, int] = {}  # pair -> sentences waiting (set under the batcher's lock)
         self.batches: dict[str, Histogram] = {}
+        self.steps: dict[str, Histogram] = {}  # sentences in each step of a running search
         self.search_seconds: Counter[str] = Counter()
         self.latency: dict[str, Histogram] = {}  # route -> seconds from request to response
 
@@ -56,8 +57,15 @@ class Metrics:
             self.sentences[(pair, outcome)] += n
 
     def observe_batch(self, pair: str, size: int, seconds: float) -> None:
+        """A batch of `size` sentences searched, or joining a running search (`seconds` 0)."""
         with self.lock:
             self.batches.setdefault(pair, Histogram(BATCH_BUCKETS)).observe(size)
+            self.search_seconds[pair] += seconds
+
+    def observe_step(self, pair: str, sentences: int, seconds: float) -> None:
+        """A step of a running search that held `sentences`, in `seconds`."""
+        with self.lock:
+            self.steps.setdefault(pair, Histogram(BATCH_BUCKETS)).observe(sentences)
             self.search_seconds[pair] += seconds
 
     def text(self) -> str:
@@ -73,10 +81,15 @@ class Metrics:
             out += ["# HELP nmt_queue_depth sentences waiting to be searched",
                     "# TYPE nmt_queue_depth gauge"]
             out += [f'nmt_queue_depth{{pair="{p}"}} {n}' for p, n in sorted(self.queue_depth.items())]
-            out += ["# HELP nmt_batch_sentences sentences per searched batch",
+            out += ["# HELP nmt_batch_sentences sentences per batch: searched together, or joining a "
+                    "running search",
                     "# TYPE nmt_batch_sentences histogram"]
             for pair, histogram in sorted(self.batches.items()):
                 out += histogram.lines("nmt_batch_sentences", f'pair="{pair}"')
+            out += ["# HELP nmt_step_sentences sentences in each step of a running search",
+                    "# TYPE nmt_step_sentences histogram"]
+            for pair, histogram in sorted(self.steps.items()):
+                out += histogram.lines("nmt_step_sentences", f'pair="{pair}"')
             out += ["# HELP nmt_search_seconds_total time spent searching batches",
                     "# TYPE nmt_search_seconds_total counter"]
             out += [f'nmt_search_seconds_total{{pair="{p}"}} {s:.6f}'
