@@ -1,12 +1,12 @@
 """`nmt serve` as a client sees it: a real server process on a free loopback port, real HTTP.
 
 Two servers per session of this module, each started once: `server` (the limits lowered so that
-tests can reach them: at most 100 sentences queued, 50 texts a request) and `slow_server` (API
-keys; a batch waits 4 s for more sentences, a request 0.5 s for its answer, so time-outs and
-disconnects happen while sentences wait). Both serve the pipeline test's Multi30k model
-(conftest's `multi30k_run`) in fp32, whose `nmt translate --dtype fp32` output of test_2016_flickr
-is the reference: in fp32 a line's translation does not depend on its batch; in bf16 it can
-(`multi30k_fp32_hyp`), which `--dtype auto` picks on a CPU with native bf16.
+tests can reach them: at most 100 sentences queued, 50 texts a request, 400 source tokens a search)
+and `slow_server` (API keys; a batch waits 4 s for more sentences, a request 0.5 s for its answer,
+so time-outs and disconnects happen while sentences wait). Both serve the pipeline test's Multi30k
+model (conftest's `multi30k_run`) in fp32, whose `nmt translate --dtype fp32` output of
+test_2016_flickr is the reference: in fp32 a line's translation does not depend on its batch; in
+bf16 it can (`multi30k_fp32_hyp`), which `--dtype auto` picks on a CPU with native bf16.
 The last test drains `slow_server` with SIGTERM.
 """
 
@@ -57,8 +57,10 @@ def lines(multi30k_run: dict[str, Path], multi30k_fp32_hyp: Path) -> tuple[list[
 @pytest.fixture(scope="module")
 def server(model: Path, tmp_path_factory: pytest.TempPathFactory):
     log = tmp_path_factory.mktemp("serve") / "server.log"
+    # --max-batch-tokens 400: a running search takes in about 15 sentences, so that 64 clients' 256
+    # sentences overflow the queue of 100 (with 6000, the searches took in nearly all of them)
     running = Server([f"en-de={model}", "--dtype", "fp32", "--max-queue", 100, "--max-texts", 50,
-                      "--max-chars", 1000, "--max-body-bytes", 100_000], log)
+                      "--max-chars", 1000, "--max-body-bytes", 100_000, "--max-batch-tokens", 400], log)
     yield running
     running.stop()
     assert "Traceback" not in log.read_text(), log.read_text()
