@@ -228,9 +228,6 @@ class Search:
         self.decoder: IncrementalDecoder | FullForwardDecoder | None = None  # None: no sentence decoding
         self.ids: list[int] = []  # the caller's key of each sentence decoding
         self.common: int | None = 0  # the step of every sentence, while they all have the same
-        # lp(L) for every length, as Python computes it (the bound at `step` of a late sentence)
-        self.lp = torch.tensor([length_penalty(float(n), lenpen) for n in range(model.cfg.max_positions + 2)],
-                               dtype=torch.float64)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -305,7 +302,8 @@ class Search:
             self.finished.add(sentence, output, log_prob, self.lenpen)
         self.n_finished += ends.sum(1)
         best_lp = (self.final_lp.clamp(min=length_penalty(step + 2.0, self.lenpen)) if step is not None
-                   else torch.maximum(self.final_lp, self.lp.to(device)[age + 2]))
+                   else torch.maximum(self.final_lp, _penalties(self.lenpen, self.model.cfg.max_positions
+                                                                 ).to(device)[age + 2]))
         nth_best = self.finished.nth_best.double()
         if self.style == "paper" and self.stop == "bound":  # hopeless ones leave the beam (module docstring)
             going_on &= values.double() / best_lp[:, None] > nth_best[:, None]
@@ -348,6 +346,14 @@ class Search:
                 self.common = oldest
         self.history = history
         return settled
+
+
+@functools.cache
+def _penalties(lenpen: float | Penalty, max_positions: int) -> Tensor:
+    """lp(L) for every length up to max_positions + 1, as Python computes it: the bound at the step of
+    a sentence that joined late (`Search.step`), equal to the scalar one of the others."""
+    return torch.tensor([length_penalty(float(n), lenpen) for n in range(max_positions + 2)],
+                        dtype=torch.float64)
 
 
 @torch.inference_mode()
