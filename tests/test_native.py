@@ -139,7 +139,9 @@ def test_steps_of_many_rows_project_in_chunks_and_find_the_same(kernel, monkeypa
 def test_attention_kernel_equals_attention_in_float64(kernel, dtype: torch.dtype) -> None:
     """The attention kernel over a cache: softmax(q k^T / sqrt(K)) v as float64 computes it, within
     float32's rounding, and in bf16 no further from it than torch's bf16 attention; keys left out by
-    the mask get no weight (their values are huge); shapes it does not take are left to torch (None)."""
+    the mask get no weight (their values are huge) and are not read at all (NaN there changes nothing:
+    a row that joined a search late costs only its own keys); shapes it does not take are left to
+    torch (None)."""
     torch.manual_seed(0)
     G, H, L, K = 37, 4, 23, 32
     q, k, v = (torch.randn(G, H, n, K).to(dtype) for n in (1, L, L))
@@ -156,6 +158,9 @@ def test_attention_kernel_equals_attention_in_float64(kernel, dtype: torch.dtype
     assert error < (1e-5 if dtype == torch.float32 else torch_error + 1e-3), (error, torch_error)
     unmasked = native.cached_attention(q, k, v, None).double()
     assert (unmasked - want).abs().max() > 1  # the mask mattered
+    unread = native.cached_attention(q, k.masked_fill(~mask.transpose(-1, -2), math.nan),
+                                     v.masked_fill(~mask.transpose(-1, -2), math.nan), mask)
+    assert torch.equal(unread, found)  # keys and values left out are not read (NaN there changes nothing)
     assert native.cached_attention(q[..., :24], k[..., :24], v, mask) is None  # K not a multiple of 16
     assert native.cached_attention(q.half(), k.half(), v.half(), mask) is None
 

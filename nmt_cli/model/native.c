@@ -140,7 +140,9 @@ int nmt_best_tokens(const void *logits, int bf16, int64_t N, int64_t V, int64_t 
 /* nmt_cached_attention: incremental decoding's attention over cached keys and values
  * (kernels.cached_attention), softmax(q k^T * scale) v in float32, for each of G groups and H heads: T
  * queries q (G, H, T, K) over L cached keys k (G, H, L, K) and values v (G, H, L, Kv), keys l of group g
- * left out where allowed[g * L + l] is 0 (allowed may be NULL; a group has at least one key allowed).
+ * left out where allowed[g * L + l] is 0 (allowed may be NULL; a group has at least one key allowed):
+ * neither read nor multiplied, so a row that joined a search late, or a short sentence padded to a
+ * long one, costs what its own keys cost.
  * With rows (G, L) (may be NULL), k (P, H, K) and v (P, H, Kv) are pools of entries instead, and group
  * g's key and value l are entry rows[g * L + l] (the self-attention cache of transformer.Cache).
  * A group is a decoder row (self-attention: T = 1, its own cache) or a sentence (cross-attention: its
@@ -163,6 +165,10 @@ static inline __attribute__((always_inline)) int cached_attention(
             for (int64_t t = 0; t < T; t++) {
                 float *s = scores + t * L, max = -INFINITY, total = 0.0f;
                 for (int64_t l = 0; l < L; l++) {
+                    if (allowed && !allowed[g * L + l]) { /* no dot product: its weight is 0 */
+                        s[l] = -INFINITY;
+                        continue;
+                    }
                     float part[16] = {0}; /* 16 partial sums, in vector registers; K % 16 == 0 */
                     int64_t key = entry ? (entry[l] * H + h) * K : kh + l * K;
                     for (int64_t i = 0; i < K; i += 16)
@@ -170,7 +176,7 @@ static inline __attribute__((always_inline)) int cached_attention(
                         for (int64_t j = 0; j < 16; j++) part[j] += qh[t * K + i + j] * element(k, key + i + j, bf16);
                     float dot = 0.0f;
                     for (int64_t j = 0; j < 16; j++) dot += part[j];
-                    s[l] = allowed && !allowed[g * L + l] ? -INFINITY : dot * scale;
+                    s[l] = dot * scale;
                 }
 #pragma omp simd reduction(max : max)
                 for (int64_t l = 0; l < L; l++) max = s[l] > max ? s[l] : max;
@@ -183,7 +189,9 @@ static inline __attribute__((always_inline)) int cached_attention(
                 for (int64_t i = 0; i < Kv; i += 16) { /* 16 outputs at a time, in registers; Kv % 16 == 0 */
                     float block[16] = {0};
                     for (int64_t l = 0; l < L; l++) {
-                        float w = allowed && !allowed[g * L + l] ? 0.0f : s[l] * inverse;
+                        if (allowed && !allowed[g * L + l]) /* weight 0: adding nothing is exact */
+                            continue;
+                        float w = s[l] * inverse;
                         int64_t value = entry ? (entry[l] * H + h) * Kv : vh + l * Kv;
 #pragma omp simd
                         for (int64_t j = 0; j < 16; j++) block[j] += w * element(v, value + i + j, bf16);
