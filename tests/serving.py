@@ -74,10 +74,8 @@ class Server:
         return 0.0
 
     def rss_bytes(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        raise AssertionError("no VmRSS")
+        """The resident memory of the server and its search processes (serve/processes.py) together."""
+        return sum(_rss(pid) for pid in [self.proc.pid, *child_processes(self.proc.pid)])
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -88,3 +86,34 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         self.proc.stdout.close()
+
+
+def child_processes(pid: int) -> list[int]:
+    """The processes `pid` started that are still running (the server's search processes)."""
+    return [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+            for child in (task / "children").read_text().split()]
+
+
+def _rss(pid: int) -> int:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:  # it ended since it was listed
+        return 0
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
+def search_processes(pid: int) -> list[int]:
+    """Of the processes `pid` started, the search processes (multiprocessing's spawned workers, not its
+    resource tracker)."""
+    found = []
+    for child in child_processes(pid):
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes()
+        except FileNotFoundError:
+            continue
+        if b"spawn_main" in command:
+            found.append(child)
+    return found

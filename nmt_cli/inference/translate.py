@@ -17,6 +17,8 @@ and no text).
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import sys
 import time
 from collections import Counter
@@ -122,6 +124,22 @@ class Translator:
     def close(self) -> None:
         if self.replicas is not None:
             self.replicas.close()
+
+    def searching(self, beam: int, nbest: int) -> Translator:
+        """This translator (the same loaded model) with another beam and n-best, searching one batch at
+        a time: a server's search thread with a request's settings."""
+        view = copy.copy(self)
+        view.cfg = dataclasses.replace(self.cfg, beam=beam, nbest=nbest)
+        view.workers = 1
+        return view
+
+    def precision(self) -> str:
+        """The --dtype this translator runs in, as `auto` decided it: what a copy loaded elsewhere
+        must be given to search as this one does (serve/processes.py)."""
+        if self.cfg.dtype == "int8":
+            return "int8"
+        dtype = next(self.model.parameters()).dtype
+        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
 
     def keeping_packed_weights(self) -> contextlib.AbstractContextManager[None]:
         """For a thread that translates with this translator for as long as it runs (a server's search

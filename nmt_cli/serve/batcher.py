@@ -13,7 +13,9 @@ taking its own batch from the queue (an equal share of what waits when several a
 does not wait for its batch's longest sentence before answering the others, and does not end with
 it: each sentence is answered as soon as its n-best is settled, and after every step the sentences
 waiting join the running search (up to the thread's share of all in flight and `max_batch_tokens`;
-`inference.search.Search`), so its rows stay full while one-sentence clients come and go. Where a
+`inference.search.Search`), so its rows stay full while one-sentence clients come and go. On a CPU
+that search runs in the thread's own process (`processes.SearchProcess`: the searches' Python would
+otherwise share the server's interpreter lock); the thread decides who joins and steps it. Where a
 translator has no such search (an exported CTranslate2 model, an ensemble, a compiled decoder), its
 batches are searched whole by `Translator.translate`. A sentence's search does not depend on what it
 is batched with (padding is masked), so its translation is `nmt translate`'s: exactly in fp32 and
@@ -27,19 +29,18 @@ are searched.
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import itertools
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from nmt_cli.inference.translate import RunningSearch, Translator
 from nmt_cli.serve.metrics import Metrics
+from nmt_cli.serve.processes import RemoteSearch, SearchProcess
 
 Result = list[tuple[float, str]]  # a text's n-best (score, translation), best first
 
@@ -93,8 +94,9 @@ class Batcher:
     """The queue and batching thread of one model (see the module docstring)."""
 
     def __init__(self, translator: Translator, max_batch_tokens: int, max_wait: float, max_queue: int,
-                 metrics: Metrics, pair: str) -> None:
+                 metrics: Metrics, pair: str, processes: Sequence[SearchProcess] = ()) -> None:
         self.translator, self.metrics, self.pair = translator, metrics, pair
+        self.processes = processes  # each search thread's process, if its searches run in one
         self.max_batch_tokens, self.max_wait, self.max_queue = max_batch_tokens, max_wait, max_queue
         self.pending: list[_Item] = []
         self.lock = threading.Condition()
@@ -144,11 +146,18 @@ class Batcher:
             while True:
                 batch = self._next_batch()
                 try:
-                    running = self._view(batch[0].job.settings).running()
+                    settings = batch[0].job.settings
+                    running = self._view(settings).running()
                     if running is None:
                         self._search(batch)
-                    else:
-                        self._run(batch, running, index)
+                        continue
+                    if self.processes:
+                        try:
+                            running = self.processes[index].running(settings.beam, settings.nbest)
+                        except Exception:  # no process could be started: these requests fail (500)
+                            self._fail(batch)
+                            continue
+                    self._run(batch, running, index)
                 finally:
                     with self.lock:
                         self.idle += 1
@@ -210,7 +219,7 @@ class Batcher:
             self._deliver(item, result)
         self.metrics.count_sentences(self.pair, "translated", len(batch))
 
-    def _run(self, batch: list[_Item], running: RunningSearch, index: int) -> None:
+    def _run(self, batch: list[_Item], running: RunningSearch | RemoteSearch, index: int) -> None:
         """The batch in a running search that the waiting sentences of its settings join after every
         step, up to this thread's share of the sentences in flight and `max_batch_tokens` padded
         tokens (iteration-level batching); each answered as soon as its n-best is settled."""
@@ -289,8 +298,5 @@ class Batcher:
 
     def _view_locked(self, settings: Settings) -> Translator:
         if settings not in self.views:
-            view = copy.copy(self.translator)
-            view.cfg = dataclasses.replace(self.translator.cfg, beam=settings.beam, nbest=settings.nbest)
-            view.workers = 1  # each search thread searches its own batch
-            self.views[settings] = view
+            self.views[settings] = self.translator.searching(settings.beam, settings.nbest)
         return self.views[settings]

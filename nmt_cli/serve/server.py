@@ -101,6 +101,7 @@ def _load(cfg: ServeConfig, source: str, target: str, path: Path, state: Any,
     from nmt_cli.serve import app as api
     from nmt_cli.serve.attention import AttentionModel
     from nmt_cli.serve.batcher import Batcher
+    from nmt_cli.serve.processes import SearchProcess
 
     def warn(message: str) -> None:
         print(f"warning: {source}-{target}: {message}", file=sys.stderr, flush=True)
@@ -111,8 +112,19 @@ def _load(cfg: ServeConfig, source: str, target: str, path: Path, state: Any,
     translator.translate(["Hello."])  # ready means searched once: the first search pays for set-up
     print(f"serve: {source}-{target} loaded from {path}, first sentence in "
           f"{time.perf_counter() - start:.2f} s", file=sys.stderr, flush=True)
+    processes = []
+    if translator.running() is not None and next(translator.model.parameters()).device.type == "cpu":
+        start = time.perf_counter()
+        processes = [SearchProcess(translator.cfg, translator.precision(), f"{source}-{target}-{i}")
+                     for i in range(translator.workers)]
+        for process in processes:
+            stack.callback(process.close)
+        for process in processes:
+            process.ready()
+        print(f"serve: {source}-{target}: {len(processes)} search processes ready in "
+              f"{time.perf_counter() - start:.2f} s", file=sys.stderr, flush=True)
     batcher = Batcher(translator, cfg.max_batch_tokens, cfg.max_wait_ms / 1000, cfg.max_queue,
-                      state.metrics, f"{source}-{target}")
+                      state.metrics, f"{source}-{target}", processes)
     attention = AttentionModel(path, translator) if path.is_file() else None
     return api.Served(source, target, path, batcher, attention)
 
