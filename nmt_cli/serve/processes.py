@@ -12,7 +12,7 @@ server's own translator runs in, one torch thread), translates a first sentence,
 the search thread's messages: start a search with these settings; these sentences join, take a step,
 and send back the n-best (as texts) of the sentences it settles. The search thread keeps deciding who
 joins (serve/batcher.py); the process only searches. The process ends when its pipe closes (the server
-stopped, or the thread let it go); it ignores SIGINT and SIGTERM, which are the server's to handle
+stopped); it ignores SIGINT and SIGTERM, which are the server's to handle
 (draining waits for the searches in flight). A process that dies (killed, out of memory) fails the
 requests it was searching (the search thread's `_fail`), and the next search starts another.
 """
@@ -85,7 +85,7 @@ class SearchProcess:
         try:
             self.conn.send(message)
             kind, answer = self.conn.recv()
-        except (EOFError, OSError, BrokenPipeError) as e:
+        except (EOFError, OSError) as e:  # BrokenPipeError is an OSError
             raise SearchFailed(f"the search process {self.name} stopped ({type(e).__name__})") from None
         if kind == "error":
             raise SearchFailed(f"the search process {self.name} failed:\n{answer}")
